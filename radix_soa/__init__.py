@@ -1,0 +1,16 @@
+"""radix_soa: a radix-tree prefix cache over integer token sequences,
+stored as NumPy struct-of-arrays and driven by Numba kernels.
+
+>>> import radix_soa as rs
+>>> rc = rs.RadixCache()
+>>> rc.insert([1, 2, 3]); rc.exists([1, 2, 3])
+True
+True
+"""
+
+from ._invariants import InvariantError
+from ._warmup import warmup
+from .radix_cache import RadixCache
+
+__all__ = ["RadixCache", "InvariantError", "warmup"]
+__version__ = "0.1.0"

@@ -1,0 +1,173 @@
+"""Structural invariants of a ``TreeStorage``, checked in NumPy, not by kernels.
+
+The checks are written independently of the kernels (vectorised NumPy), so a
+kernel bug cannot hide itself. ``full=False`` checks only the counters that
+cost O(1); ``full=True`` re-derives everything from the arrays.
+"""
+
+import numpy as np
+
+from . import _kernels as K
+
+_U = np.uint64
+
+
+class InvariantError(AssertionError):
+    """A structural invariant of the tree does not hold."""
+
+
+def _require(cond, message):
+    if not cond:
+        raise InvariantError(message)
+
+
+def np_mix64(x):
+    """NumPy twin of the kernels' splitmix64 finalizer (uint64 arrays)."""
+    x = x.copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> _U(30)
+        x *= _U(0xBF58476D1CE4E5B9)
+        x ^= x >> _U(27)
+        x *= _U(0x94D049BB133111EB)
+        x ^= x >> _U(31)
+    return x
+
+
+def np_key_hash(parents, pages):
+    """Hash of child keys: ``parents`` (n,), ``pages`` (n, page) of tokens."""
+    with np.errstate(over="ignore"):
+        h = np_mix64(parents.astype(np.int64).view(_U) + _U(0x9E3779B97F4A7C15))
+        for j in range(pages.shape[1]):
+            h = np_mix64(h ^ pages[:, j].astype(np.int64).view(_U))
+    return h
+
+
+def check_tree(s, full=True, canonical=False):
+    meta = s.meta
+    end = int(meta[K.M_NODE_END])
+    _require(0 <= int(meta[K.M_TOK_USED]) <= s.tokens.shape[0], "token high-water mark within the buffer")
+    _require(0 <= end <= s.start.shape[0], "node high-water mark within the node arrays")
+    _require(int(meta[K.M_NODES]) <= MAX_LOAD * s.table.shape[0] + 1e-9, "child table load <= 0.7")
+    _require(int(meta[K.M_TERMINALS]) >= 0 and int(meta[K.M_NODES]) >= 0, "counters non-negative")
+    if s.has_values:
+        _require(s.values.shape[0] == s.tokens.shape[0], "values buffer parallel to tokens")
+    if not full:
+        return
+    page = s.page_size
+    length = s.length[:end].astype(np.int64)
+    parent = s.parent[:end].astype(np.int64)
+    start = s.start[:end]
+    free = length == K.FREE
+    root = (parent == -1) & (length == 0)
+    live = ~free & ~root
+    _require(np.all(free | root | ((length > 0) & (parent >= 0))),
+             "every node is free, a root (no span, no parent) or has a span and a parent")
+    _require(int(root.sum()) == int(meta[K.M_ROOTS]), "root count matches meta")
+    _require(s.root < end and root[s.root], "the default root is a root")
+
+    # free list covers exactly the free ids
+    seen = np.zeros(end, bool)
+    f = int(meta[K.M_FREE_HEAD])
+    count = 0
+    while f != K.NO_NODE:
+        _require(0 <= f < end and free[f] and not seen[f], "free list links free ids, once each")
+        seen[f] = True
+        f = int(start[f])
+        count += 1
+    _require(count == int(free.sum()) == int(meta[K.M_FREE_COUNT]), "free list holds every free id")
+
+    ids = np.flatnonzero(live)
+    par = parent[ids]
+    _require(np.all(par < end), "parents are node ids")
+    _require(np.all(~free[par]), "no live node hangs off a free node")
+    _require(len(ids) == int(meta[K.M_NODES]), "live node count matches meta")
+    _require(int(length[ids].sum()) == int(meta[K.M_TOKENS]), "token count matches meta")
+    if page > 1:
+        _require(np.all(length[ids] % page == 0), "spans are whole pages")
+
+    # child counts and xor of children
+    nchild = np.bincount(par, minlength=end)
+    _require(np.array_equal(nchild[:end], s.nchild[:end]), "nchild counts the children")
+    cx = np.zeros(end, np.int64)
+    np.bitwise_xor.at(cx, par, ids)
+    _require(np.array_equal(cx[~free], s.cxor[:end].astype(np.int64)[~free]), "cxor is the xor of the children")
+
+    # every live node reaches a root (no cycles): pointer jumping
+    up = np.where(live, parent, np.arange(end))
+    for _ in range(max(1, int(end).bit_length() + 1)):
+        up = up[up]
+    _require(np.all(root[up] | free), "every node reaches a root")
+
+    # spans: inside the used buffer and pairwise disjoint
+    st = start[ids]
+    ln = length[ids]
+    _require(np.all(st >= 0) and np.all(st + ln <= int(meta[K.M_TOK_USED])), "spans inside the used buffer")
+    order = np.argsort(st, kind="stable")
+    st_s, ln_s = st[order], ln[order]
+    _require(np.all(st_s[:-1] + ln_s[:-1] <= st_s[1:]), "spans do not overlap")
+    dead = int(meta[K.M_TOK_USED]) - int(ln.sum())
+    _require(dead == int(meta[K.M_DEAD_TOKENS]), "dead token count matches meta")
+
+    # child table: every live non-root node exactly once, reachable by probing
+    table = s.table
+    filled = table != K.NO_NODE
+    entries = table[filled].astype(np.int64)
+    _require(len(entries) == len(ids), "table holds one entry per live node")
+    _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
+    pages = _first_pages(s.tokens, start, entries, page)
+    homes = (np_key_hash(parent[entries], pages) & _U(table.shape[0] - 1)).astype(np.int64)
+    slots = np.flatnonzero(filled)
+    # no empty slot may lie cyclically between an entry's home and its slot
+    empties = np.concatenate([[0], np.cumsum(~filled)])
+    m = table.shape[0]
+    wrap = slots < homes
+    gap = np.where(wrap,
+                   (empties[m] - empties[homes]) + empties[slots + 1],
+                   empties[slots + 1] - empties[homes])
+    _require(np.all(gap == 0), "every table entry is reachable from its home slot")
+    keys = np.concatenate([parent[entries][:, None], pages.astype(np.int64)], axis=1)
+    _require(len(np.unique(keys, axis=0)) == len(entries), "siblings have distinct first pages")
+
+    terms = s.terminal_mask()
+    _require(int(terms.sum()) == int(meta[K.M_TERMINALS]), "terminal count matches meta")
+    _require(not np.any(terms & ~live), "only live nodes are terminal")
+    if canonical:
+        inner = live & ~terms
+        _require(np.all(nchild[:end][inner] >= 2), "a non-terminal node has at least two children (canonical)")
+        _require(np.all(terms[live & (nchild[:end] == 0)]), "every leaf is terminal (canonical)")
+    if s.track:
+        _check_tracking(s, end, live, root, free, length, parent, nchild[:end])
+
+
+MAX_LOAD = 0.7
+
+
+def _first_pages(tokens, start, entries, page):
+    idx = start[entries][:, None] + np.arange(page)[None, :]
+    return tokens[idx]
+
+
+def _check_tracking(s, end, live, root, free, length, parent, nchild):
+    meta = s.meta
+    lock = s.lock[:end].astype(np.int64)
+    _require(np.all(lock[~free] >= 0), "lock counts are non-negative")
+    ids = np.flatnonzero(live)
+    _require(np.all(lock[parent[ids]] >= lock[ids]) if len(ids) else True,
+             "a parent is locked at least as often as each child")
+    locked = int(length[ids][lock[ids] > 0].sum())
+    _require(locked == int(meta[K.M_LOCKED_TOKENS]), "locked token count matches the locks")
+    hsize = int(meta[K.M_HEAP_SIZE])
+    heap = s.heap[:hsize].astype(np.int64)
+    hpos = s.hpos[:end].astype(np.int64)
+    evictable = live & (nchild == 0) & (lock == 0)
+    _require(np.array_equal(np.sort(heap), np.flatnonzero(evictable)),
+             "the LRU heap holds exactly the unlocked leaves")
+    _require(np.all(hpos[heap] == np.arange(hsize)), "heap positions are consistent")
+    _require(np.all(hpos[~evictable & ~free] == -1), "nodes outside the heap have no heap position")
+    if hsize > 1:
+        stamp = s.stamp
+        kids = np.arange(1, hsize)
+        par = heap[(kids - 1) // 2]
+        ch = heap[kids]
+        ok = (stamp[par] < stamp[ch]) | ((stamp[par] == stamp[ch]) & (par < ch))
+        _require(bool(np.all(ok)), "heap order: a parent entry is older than its children")

@@ -1,0 +1,660 @@
+"""Every Numba kernel of the tree, in one module.
+
+Kernels that call each other live together so Numba's on-disk cache stays
+coherent. They take unpacked arrays (never a Python object), never allocate
+persistent arrays and never raise: the Python side reserves room first, and a
+kernel that could still run out reports it through its return value.
+
+The tree arrays travel as one tuple ``T`` (see ``radix_soa._storage``)::
+
+    T = (tokens, values, start, length, parent, nchild, cxor, term, table,
+         lock, stamp, hpos, heap, gen, meta)
+
+- ``tokens``   flat token buffer; node ``v`` owns ``tokens[start[v]:start[v]+length[v]]``
+- ``values``   int64 per token, parallel to ``tokens`` (empty when not kept)
+- ``start``    int64 per node; for a free node, the next free id
+- ``length``   int32 per node; ``-1`` marks a free node, ``0`` a root
+- ``parent``   int32 per node; ``-1`` for a root (one root per namespace)
+- ``nchild``   int32 number of children
+- ``cxor``     int32 XOR of the children's ids (the only child when nchild == 1)
+- ``term``     uint8 terminal bitmap (``RadixCache``: sequence ends here)
+- ``table``    int32 open-addressing child table keyed by (parent, first page);
+               ``-1`` is an empty slot; linear probing, backward-shift delete
+- ``lock``, ``stamp``, ``hpos``, ``heap``, ``gen``: prefix-cache bookkeeping
+  (reference counts, logical access time, position in the LRU heap of
+  evictable leaves, the heap, handle generations); empty arrays when the tree
+  does not track them (``track=False``).
+- ``meta``     int64 counters, indexed by the ``M_*`` constants below.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+# meta slots
+M_TOK_USED = 0      # high-water mark of the token buffer
+M_NODE_END = 1      # high-water mark of node ids
+M_FREE_HEAD = 2     # first free node id, or -1
+M_FREE_COUNT = 3    # number of free node ids below M_NODE_END
+M_NODES = 4         # live non-root nodes (== filled table slots)
+M_TOKENS = 5        # tokens held in live node spans
+M_TERMINALS = 6     # terminal marks set
+M_DEAD_TOKENS = 7   # tokens in the buffer no live span covers
+M_HEAP_SIZE = 8     # entries in the LRU heap
+M_LOCKED_TOKENS = 9  # tokens in nodes with lock > 0
+M_CLOCK = 10        # logical clock of the prefix cache
+M_ROOTS = 11        # namespace roots allocated
+META_SIZE = 16
+
+FREE = -1           # length of a free node
+NO_NODE = -1
+
+
+# ---------------------------------------------------------------- hashing
+
+@njit(cache=True)
+def _mix64(x):
+    # splitmix64 finalizer, pure uint64 arithmetic
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+@njit(cache=True)
+def _key_hash(p, arr, pos, page):
+    """Hash of the child key (parent id ``p``, ``arr[pos:pos+page]``)."""
+    h = _mix64(np.uint64(np.int64(p)) + np.uint64(0x9E3779B97F4A7C15))
+    for i in range(page):
+        h = _mix64(h ^ np.uint64(np.int64(arr[pos + i])))
+    return h
+
+
+@njit(cache=True)
+def _home(table, h):
+    return np.int64(h & np.uint64(table.shape[0] - 1))
+
+
+# ---------------------------------------------------------------- child table
+
+@njit(cache=True)
+def _find_child(table, tokens, start, parent, p, q, pos, page):
+    """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
+    mask = table.shape[0] - 1
+    i = _home(table, _key_hash(p, q, pos, page))
+    while True:
+        c = table[i]
+        if c == NO_NODE:
+            return NO_NODE
+        if parent[c] == p:
+            s = start[c]
+            same = True
+            for j in range(page):
+                if tokens[s + j] != q[pos + j]:
+                    same = False
+                    break
+            if same:
+                return c
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _table_put(table, tokens, start, parent, c, page):
+    mask = table.shape[0] - 1
+    i = _home(table, _key_hash(parent[c], tokens, start[c], page))
+    while table[i] != NO_NODE:
+        i = (i + 1) & mask
+    table[i] = c
+
+
+@njit(cache=True)
+def _table_slot(table, tokens, start, parent, c, page):
+    """Slot holding node ``c`` (which must be in the table)."""
+    mask = table.shape[0] - 1
+    i = _home(table, _key_hash(parent[c], tokens, start[c], page))
+    while table[i] != c:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
+def _table_delete_slot(table, tokens, start, parent, i, page):
+    """Empty slot ``i`` and shift later entries of its probe run back."""
+    mask = table.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        c = table[j]
+        if c == NO_NODE:
+            break
+        home = _home(table, _key_hash(parent[c], tokens, start[c], page))
+        # c may fill the hole at i unless its home lies cyclically in (i, j]
+        if i <= j:
+            movable = home <= i or home > j
+        else:
+            movable = home <= i and home > j
+        if movable:
+            table[i] = c
+            i = j
+    table[i] = NO_NODE
+
+
+@njit(cache=True)
+def table_rebuild(table, tokens, start, length, parent, node_end, page):
+    """Fill an empty ``table`` with every live non-root node below ``node_end``."""
+    for c in range(node_end):
+        if length[c] > 0 and parent[c] >= 0:
+            _table_put(table, tokens, start, parent, c, page)
+
+
+# ---------------------------------------------------------------- bitmap
+
+@njit(cache=True)
+def _term_get(term, v):
+    return (term[v >> 3] >> (v & 7)) & 1
+
+
+@njit(cache=True)
+def _term_set(term, v):
+    term[v >> 3] |= np.uint8(1 << (v & 7))
+
+
+@njit(cache=True)
+def _term_clear(term, v):
+    term[v >> 3] &= np.uint8(~(1 << (v & 7)) & 0xFF)
+
+
+# ---------------------------------------------------------------- LRU heap
+# A binary min-heap of evictable leaves (unlocked, childless, non-root) keyed
+# by (stamp, id); hpos[v] is v's slot in the heap or -1.
+
+@njit(cache=True)
+def _heap_less(stamp, a, b):
+    return stamp[a] < stamp[b] or (stamp[a] == stamp[b] and a < b)
+
+
+@njit(cache=True)
+def _heap_sift_up(heap, hpos, stamp, i):
+    v = heap[i]
+    while i > 0:
+        p = (i - 1) >> 1
+        u = heap[p]
+        if not _heap_less(stamp, v, u):
+            break
+        heap[i] = u
+        hpos[u] = i
+        i = p
+    heap[i] = v
+    hpos[v] = i
+
+
+@njit(cache=True)
+def _heap_sift_down(heap, hpos, stamp, size, i):
+    v = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and _heap_less(stamp, heap[c + 1], heap[c]):
+            c += 1
+        u = heap[c]
+        if not _heap_less(stamp, u, v):
+            break
+        heap[i] = u
+        hpos[u] = i
+        i = c
+    heap[i] = v
+    hpos[v] = i
+
+
+@njit(cache=True)
+def _heap_push(heap, hpos, stamp, meta, v):
+    i = meta[M_HEAP_SIZE]
+    meta[M_HEAP_SIZE] = i + 1
+    heap[i] = v
+    hpos[v] = i
+    _heap_sift_up(heap, hpos, stamp, i)
+
+
+@njit(cache=True)
+def _heap_remove(heap, hpos, stamp, meta, v):
+    i = hpos[v]
+    hpos[v] = -1
+    last = meta[M_HEAP_SIZE] - 1
+    meta[M_HEAP_SIZE] = last
+    if i == last:
+        return
+    u = heap[last]
+    heap[i] = u
+    hpos[u] = i
+    _heap_sift_up(heap, hpos, stamp, i)
+    _heap_sift_down(heap, hpos, stamp, last, hpos[u])
+
+
+@njit(cache=True)
+def _touch(heap, hpos, stamp, meta, v, clock):
+    """Refresh ``v``'s access time (a later time: it can only sink)."""
+    stamp[v] = clock
+    if hpos[v] >= 0:
+        _heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], hpos[v])
+
+
+@njit(cache=True)
+def _is_evictable_leaf(parent, nchild, lock, v):
+    return parent[v] >= 0 and nchild[v] == 0 and lock[v] == 0
+
+
+# ---------------------------------------------------------------- node ids
+
+@njit(cache=True)
+def _alloc_node(start, meta):
+    f = meta[M_FREE_HEAD]
+    if f != NO_NODE:
+        meta[M_FREE_HEAD] = start[f]
+        meta[M_FREE_COUNT] -= 1
+        return f
+    v = meta[M_NODE_END]
+    meta[M_NODE_END] = v + 1
+    return v
+
+
+@njit(cache=True)
+def _free_node(T, v, track):
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    length[v] = FREE
+    parent[v] = -2
+    nchild[v] = 0
+    cxor[v] = 0
+    _term_clear(term, v)
+    start[v] = meta[M_FREE_HEAD]
+    meta[M_FREE_HEAD] = v
+    meta[M_FREE_COUNT] += 1
+    if track:
+        gen[v] += 1
+        lock[v] = 0
+        hpos[v] = -1
+
+
+@njit(cache=True)
+def new_root(T, track):
+    """Allocate a namespace root (a node with no span and no parent)."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    r = _alloc_node(start, meta)
+    start[r] = 0
+    length[r] = 0
+    parent[r] = -1
+    nchild[r] = 0
+    cxor[r] = 0
+    _term_clear(term, r)
+    meta[M_ROOTS] += 1
+    if track:
+        lock[r] = 0
+        stamp[r] = 0
+        hpos[r] = -1
+    return r
+
+
+# ---------------------------------------------------------------- descent
+
+@njit(cache=True)
+def _common(tokens, s, q, qpos, n):
+    """Length of the common prefix of ``tokens[s:s+n]`` and ``q[qpos:qpos+n]``."""
+    k = 0
+    # blocks of 8 without early exit vectorize; finish token by token
+    while k + 8 <= n:
+        diff = 0
+        for j in range(8):
+            diff |= np.int64(tokens[s + k + j]) ^ np.int64(q[qpos + k + j])
+        if diff != 0:
+            break
+        k += 8
+    while k < n and tokens[s + k] == q[qpos + k]:
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def _descend(tokens, start, length, parent, table, root, q, qs, qn, page):
+    """Walk from ``root`` along ``q[qs:qs+qn]``.
+
+    Returns ``(v, c, k, pos)``: ``v`` is the deepest node matched in full and
+    ``pos`` the query tokens through it; when the match goes on part-way into
+    a child, ``c`` is that child and ``k`` (a multiple of ``page``, >= page)
+    the tokens matched inside it; otherwise ``c == -1`` and ``k == 0``.
+    """
+    v = root
+    pos = 0
+    while qn - pos >= page:
+        c = _find_child(table, tokens, start, parent, v, q, qs + pos, page)
+        if c == NO_NODE:
+            return v, NO_NODE, 0, pos
+        L = length[c]
+        n = min(L, qn - pos)
+        k = page + _common(tokens, start[c] + page, q, qs + pos + page, n - page)
+        if page > 1:
+            k -= k % page
+        if k == L:
+            v = c
+            pos += L
+        else:
+            return v, c, k, pos
+    return v, NO_NODE, 0, pos
+
+
+@njit(cache=True)
+def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
+    if qn == 0:
+        return False
+    v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, 1)
+    return c == NO_NODE and pos == qn and _term_get(term, v) == 1
+
+
+@njit(cache=True)
+def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
+    v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
+    return pos + k
+
+
+# ---------------------------------------------------------------- mutation
+
+@njit(cache=True)
+def _split(T, c, k, page, track):
+    """Cut node ``c`` after ``k`` tokens. ``c`` keeps the lower part (and its
+    children, table entries of its children and handles); the upper part gets
+    a new id, which is returned."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    slot = _table_slot(table, tokens, start, parent, c, page)
+    u = _alloc_node(start, meta)
+    pp = parent[c]
+    s = start[c]
+    start[u] = s
+    length[u] = k
+    parent[u] = pp
+    nchild[u] = 1
+    cxor[u] = c
+    _term_clear(term, u)
+    cxor[pp] ^= c ^ u
+    table[slot] = u  # same key: same parent, same first page
+    start[c] = s + k
+    length[c] -= k
+    parent[c] = u
+    _table_put(table, tokens, start, parent, c, page)
+    meta[M_NODES] += 1
+    if track:
+        lock[u] = lock[c]
+        stamp[u] = stamp[c]
+        hpos[u] = -1
+    return u
+
+
+@njit(cache=True)
+def _new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
+    """Append ``q[qs:qs+n]`` to the buffer as a new child of ``v``."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    x = _alloc_node(start, meta)
+    t = meta[M_TOK_USED]
+    for j in range(n):
+        tokens[t + j] = q[qs + j]
+    if values.shape[0] > 0:
+        for j in range(n):
+            values[t + j] = vals[vs + j]
+    meta[M_TOK_USED] = t + n
+    start[x] = t
+    length[x] = n
+    parent[x] = v
+    nchild[x] = 0
+    cxor[x] = 0
+    _term_clear(term, x)
+    was_leaf = nchild[v] == 0
+    nchild[v] += 1
+    cxor[v] ^= x
+    _table_put(table, tokens, start, parent, x, page)
+    meta[M_NODES] += 1
+    meta[M_TOKENS] += n
+    if track:
+        lock[x] = 0
+        stamp[x] = clock
+        hpos[x] = -1
+        if was_leaf and hpos[v] >= 0:
+            _heap_remove(heap, hpos, stamp, meta, v)
+        _heap_push(heap, hpos, stamp, meta, x)
+    return x
+
+
+@njit(cache=True)
+def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
+    """Insert ``q[qs:qs+qn]`` (``qn`` a multiple of ``page``).
+
+    Needs room for ``qn`` tokens, 2 nodes and 2 table entries.
+    Returns ``(node, cached)``: the node the sequence ends at and how many
+    leading tokens were already stored.
+    """
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
+    cached = pos + k
+    if track:
+        # refresh the matched path, deepest last (it may be a heap leaf)
+        w = v
+        while w != root:
+            _touch(heap, hpos, stamp, meta, w, clock)
+            w = parent[w]
+    if c != NO_NODE:
+        v = _split(T, c, k, page, track)
+        if track:
+            stamp[v] = clock
+        pos += k
+    if pos < qn:
+        v = _new_leaf(T, v, q, qs + pos, qn - pos, vals, vs + pos, page, track, clock)
+    return v, cached
+
+
+@njit(cache=True)
+def set_terminal(term, meta, v):
+    """Mark ``v`` terminal; True if it was not already."""
+    if _term_get(term, v) == 1:
+        return False
+    _term_set(term, v)
+    meta[M_TERMINALS] += 1
+    return True
+
+
+@njit(cache=True)
+def _unlink(T, x, page, track):
+    """Delete node ``x`` (childless) from its parent and free it."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    slot = _table_slot(table, tokens, start, parent, x, page)
+    _table_delete_slot(table, tokens, start, parent, slot, page)
+    p = parent[x]
+    nchild[p] -= 1
+    cxor[p] ^= x
+    meta[M_NODES] -= 1
+    meta[M_TOKENS] -= length[x]
+    meta[M_DEAD_TOKENS] += length[x]
+    if track and hpos[x] >= 0:
+        _heap_remove(heap, hpos, stamp, meta, x)
+    _free_node(T, x, track)
+
+
+@njit(cache=True)
+def _merge_room(start, length, p, c):
+    """Buffer room merging ``p`` into its only child ``c`` needs."""
+    if start[p] + length[p] == start[c]:
+        return 0
+    return length[p] + length[c]
+
+
+@njit(cache=True)
+def _merge_into_child(T, p, c, page, track):
+    """Merge node ``p`` into its only child ``c``; ``c`` keeps its id."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    slot_c = _table_slot(table, tokens, start, parent, c, page)
+    _table_delete_slot(table, tokens, start, parent, slot_c, page)
+    slot_p = _table_slot(table, tokens, start, parent, p, page)
+    pp = parent[p]
+    lp = length[p]
+    lc = length[c]
+    if start[p] + lp == start[c]:
+        start[c] = start[p]
+    else:
+        t = meta[M_TOK_USED]
+        sp = start[p]
+        sc = start[c]
+        for j in range(lp):
+            tokens[t + j] = tokens[sp + j]
+        for j in range(lc):
+            tokens[t + lp + j] = tokens[sc + j]
+        if values.shape[0] > 0:
+            for j in range(lp):
+                values[t + j] = values[sp + j]
+            for j in range(lc):
+                values[t + lp + j] = values[sc + j]
+        meta[M_TOK_USED] = t + lp + lc
+        meta[M_DEAD_TOKENS] += lp + lc
+        start[c] = t
+    length[c] = lp + lc
+    parent[c] = pp
+    table[slot_p] = c  # c now has p's key
+    cxor[pp] ^= p ^ c
+    meta[M_NODES] -= 1
+    _free_node(T, p, track)
+
+
+@njit(cache=True)
+def remove_one(T, root, q, qs, qn):
+    """Remove the stored sequence ``q[qs:qs+qn]`` and restore canonical form.
+
+    Returns 1 if removed, 0 if not stored, or ``-(room + 1)`` when the buffer
+    lacks ``room`` free tokens for a merge (nothing changed then).
+    """
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, meta) = T
+    if qn == 0:
+        return 0
+    x, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, 1)
+    if c != NO_NODE or pos != qn or _term_get(term, x) == 0:
+        return 0
+    room = 0
+    p = parent[x]
+    sib = NO_NODE
+    if nchild[x] == 1:
+        room = _merge_room(start, length, x, cxor[x])
+    elif nchild[x] == 0 and p != root and _term_get(term, p) == 0 and nchild[p] == 2:
+        sib = cxor[p] ^ x
+        room = _merge_room(start, length, p, sib)
+    if meta[M_TOK_USED] + room > tokens.shape[0]:
+        return -(room + 1)
+    _term_clear(term, x)
+    meta[M_TERMINALS] -= 1
+    if nchild[x] == 1:
+        _merge_into_child(T, x, cxor[x], 1, False)
+    elif nchild[x] == 0:
+        _unlink(T, x, 1, False)
+        if sib != NO_NODE:
+            _merge_into_child(T, p, sib, 1, False)
+    return 1
+
+
+# ---------------------------------------------------------------- iteration
+
+@njit(cache=True)
+def children_csr(length, parent, node_end):
+    """Children of every node as CSR: ``order[offsets[v]:offsets[v+1]]``."""
+    offsets = np.zeros(node_end + 1, np.int64)
+    for c in range(node_end):
+        if length[c] > 0 and parent[c] >= 0:
+            offsets[parent[c] + 1] += 1
+    for v in range(node_end):
+        offsets[v + 1] += offsets[v]
+    fill = offsets[:-1].copy()
+    order = np.empty(offsets[node_end], np.int32)
+    for c in range(node_end):
+        if length[c] > 0 and parent[c] >= 0:
+            order[fill[parent[c]]] = c
+            fill[parent[c]] += 1
+    return offsets, order
+
+
+@njit(cache=True)
+def _sorted_children(tokens, start, length, parent, node_end):
+    """Children CSR with each child list sorted by first token."""
+    offsets, order = children_csr(length, parent, node_end)
+    for v in range(node_end):
+        a = offsets[v]
+        b = offsets[v + 1]
+        if b - a > 1:
+            keys = np.empty(b - a, np.int64)
+            for j in range(a, b):
+                keys[j - a] = tokens[start[order[j]]]
+            idx = np.argsort(keys, kind="mergesort")
+            tmp = order[a:b].copy()
+            for j in range(b - a):
+                order[a + j] = tmp[idx[j]]
+    return offsets, order
+
+
+@njit(cache=True)
+def _dfs_terminals(tokens, start, length, term, root, offsets, order, flat, out_off, fill):
+    """Depth-first walk under ``root``. Returns (sequences, total tokens) of
+    the terminal paths; with ``fill`` it also writes them as CSR."""
+    path = np.empty(0, tokens.dtype)
+    if fill:
+        path = np.empty(flat.shape[0], tokens.dtype)
+    n_nodes = offsets.shape[0]
+    stack_v = np.empty(n_nodes, np.int64)
+    stack_i = np.empty(n_nodes, np.int64)
+    stack_d = np.empty(n_nodes, np.int64)
+    top = 0
+    stack_v[0] = root
+    stack_i[0] = offsets[root]
+    stack_d[0] = 0
+    n_out = 0
+    f = 0
+    while top >= 0:
+        v = stack_v[top]
+        i = stack_i[top]
+        if i == offsets[v + 1]:
+            top -= 1
+            continue
+        stack_i[top] = i + 1
+        c = order[i]
+        d = stack_d[top]
+        L = length[c]
+        if fill:
+            s = start[c]
+            for j in range(L):
+                path[d + j] = tokens[s + j]
+        d2 = d + L
+        if _term_get(term, c) == 1:
+            if fill:
+                for j in range(d2):
+                    flat[f + j] = path[j]
+                out_off[n_out + 1] = f + d2
+            f += d2
+            n_out += 1
+        top += 1
+        stack_v[top] = c
+        stack_i[top] = offsets[c]
+        stack_d[top] = d2
+    return n_out, f
+
+
+@njit(cache=True)
+def collect_sequences(tokens, start, length, parent, term, root, node_end):
+    """Every terminal path under ``root`` as CSR ``(flat, offsets)``, in
+    lexicographic order of first tokens along the way (depth-first)."""
+    offsets, order = _sorted_children(tokens, start, length, parent, node_end)
+    empty = np.empty(0, tokens.dtype)
+    no_off = np.empty(0, np.int64)
+    n, total = _dfs_terminals(tokens, start, length, term, root, offsets, order, empty, no_off, False)
+    flat = np.empty(total, tokens.dtype)
+    out_off = np.zeros(n + 1, np.int64)
+    _dfs_terminals(tokens, start, length, term, root, offsets, order, flat, out_off, True)
+    return flat, out_off

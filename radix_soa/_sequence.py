@@ -1,0 +1,101 @@
+"""Turning one user sequence into a contiguous int64 NumPy array, or a clear error.
+
+Kernels compare int64 queries against a token buffer of any supported dtype,
+so every query becomes int64; a value that does not fit the tree's dtype is
+checked only where it would be stored.
+"""
+
+import array
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+_INT64 = np.dtype(np.int64)
+_I64_MAX = np.iinfo(np.int64).max
+
+
+def as_tokens(seq):
+    """``seq`` as a 1-D C-contiguous int64 array (no copy for such arrays).
+
+    Accepts lists, tuples and ranges of ints and 1-D NumPy integer arrays.
+    Raises ``TypeError`` for non-integer elements or containers,
+    ``ValueError`` for arrays that are not 1-D and ``OverflowError`` for
+    values outside the signed 64-bit range.
+
+    >>> as_tokens([1, 2, 3])
+    array([1, 2, 3])
+    """
+    if isinstance(seq, np.ndarray):
+        return _array_tokens(seq)
+    if isinstance(seq, (list, tuple, range)):
+        return _list_tokens(seq)
+    if isinstance(seq, (str, bytes, bytearray)):
+        raise _container_error(seq)
+    if hasattr(seq, "__array__") or hasattr(seq, "__array_interface__"):
+        return _array_tokens(np.asarray(seq))
+    if isinstance(seq, Sequence):
+        return _list_tokens(list(seq))
+    raise _container_error(seq)
+
+
+def _container_error(seq):
+    return TypeError("a sequence must be a list, tuple or range of ints or a 1-D NumPy "
+                     f"integer array; got {type(seq).__name__}")
+
+
+def _array_tokens(arr):
+    if arr.ndim != 1:
+        raise ValueError(f"a sequence must be 1-D; got an array of shape {arr.shape}")
+    kind = arr.dtype.kind
+    if kind == "i":
+        return np.ascontiguousarray(arr, dtype=_INT64)
+    if kind == "u":
+        if arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > _I64_MAX:
+            raise OverflowError(
+                f"token {int(arr.max())} does not fit in a signed 64-bit integer")
+        return np.ascontiguousarray(arr, dtype=_INT64)
+    if kind == "O":
+        return _list_tokens(arr.tolist())
+    raise TypeError(f"a sequence must hold integers; got an array of dtype {arr.dtype}")
+
+
+def _list_tokens(seq):
+    try:
+        buf = array.array("q", seq)
+    except (TypeError, OverflowError) as exc:
+        raise _element_error(seq) from exc
+    return np.frombuffer(buf, dtype=_INT64) if len(buf) else np.empty(0, _INT64)
+
+
+def _element_error(seq):
+    """The error for the first element of ``seq`` that is not an int64."""
+    for i, x in enumerate(seq):
+        if isinstance(x, (bool, np.bool_)):
+            continue
+        try:
+            v = operator.index(x)
+        except TypeError:
+            if isinstance(x, (list, tuple, np.ndarray)):
+                return TypeError(f"nested sequences are not tokens (element {i} is a "
+                                 f"{type(x).__name__})")
+            return TypeError(f"tokens must be integers; element {i} is "
+                             f"{type(x).__name__} {x!r}")
+        if not -_I64_MAX - 1 <= v <= _I64_MAX:
+            return OverflowError(f"token {v} at position {i} does not fit in a signed "
+                                 "64-bit integer")
+    return TypeError("tokens must be integers")
+
+
+def check_fits(tokens, dtype):
+    """Raise ``OverflowError`` unless every int64 in ``tokens`` fits ``dtype``."""
+    if dtype == _INT64 or tokens.size == 0:
+        return
+    info = np.iinfo(dtype)
+    lo = int(tokens.min())
+    hi = int(tokens.max())
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise OverflowError(
+            f"token {bad} does not fit the tree's dtype {dtype.name} "
+            f"[{info.min}, {info.max}]")

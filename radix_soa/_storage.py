@@ -1,0 +1,189 @@
+"""The struct-of-arrays tree: allocation, amortized growth, counters.
+
+``TreeStorage`` owns the arrays the kernels work on and makes room before a
+kernel runs. Arrays double when they fill up, so a long run of inserts costs
+amortized O(1) copying per token and per node.
+"""
+
+import numpy as np
+
+from . import _kernels as K
+
+SUPPORTED_DTYPES = tuple(
+    np.dtype(d) for d in ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
+)
+MAX_TABLE_LOAD = 0.7
+_MIN_NODES = 16
+_MIN_TOKENS = 256
+
+
+def token_dtype(dtype):
+    """The NumPy dtype for a token buffer, or ``TypeError``."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype must be an integer NumPy dtype, got {dtype!r}") from exc
+    if dt not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise TypeError(f"dtype must be one of {names}; got {dt.name}")
+    return dt
+
+
+class TreeStorage:
+    """Parallel arrays of a radix tree over integer tokens.
+
+    ``values`` keeps an int64 per token; ``track`` keeps the prefix-cache
+    bookkeeping (locks, access stamps, LRU heap, handle generations).
+    The first root (namespace 0) is node 0.
+    """
+
+    def __init__(self, dtype=np.int64, *, values=False, track=False, page_size=1,
+                 node_capacity=_MIN_NODES, token_capacity=_MIN_TOKENS):
+        self.dtype = token_dtype(dtype)
+        self.has_values = bool(values)
+        self.track = bool(track)
+        self.page_size = int(page_size)
+        ncap = max(int(node_capacity), _MIN_NODES)
+        tcap = max(int(token_capacity), _MIN_TOKENS)
+        self.tokens = np.zeros(tcap, self.dtype)
+        self.values = np.zeros(tcap if self.has_values else 0, np.int64)
+        self.start = np.zeros(ncap, np.int64)
+        self.length = np.zeros(ncap, np.int32)
+        self.parent = np.zeros(ncap, np.int32)
+        self.nchild = np.zeros(ncap, np.int32)
+        self.cxor = np.zeros(ncap, np.int32)
+        self.term = np.zeros((ncap + 7) // 8, np.uint8)
+        self.table = np.full(_table_size_for(ncap), K.NO_NODE, np.int32)
+        tn = ncap if self.track else 0
+        self.lock = np.zeros(tn, np.int32)
+        self.stamp = np.zeros(tn, np.int64)
+        self.hpos = np.full(tn, -1, np.int32)
+        self.heap = np.zeros(tn, np.int32)
+        self.gen = np.zeros(tn, np.uint32)
+        self.meta = np.zeros(K.META_SIZE, np.int64)
+        self.meta[K.M_FREE_HEAD] = K.NO_NODE
+        self._pack()
+        self.root = self.new_root()
+
+    # ------------------------------------------------------------ packing
+    NODE_ARRAYS = ("start", "length", "parent", "nchild", "cxor")
+    TRACK_ARRAYS = ("lock", "stamp", "hpos", "heap", "gen")
+
+    def _pack(self):
+        self.T = (self.tokens, self.values, self.start, self.length, self.parent,
+                  self.nchild, self.cxor, self.term, self.table, self.lock,
+                  self.stamp, self.hpos, self.heap, self.gen, self.meta)
+        # the arrays read-only walks need, in kernel argument order
+        self.R = (self.tokens, self.start, self.length, self.parent, self.term, self.table)
+
+    # ------------------------------------------------------------ counters
+    def m(self, slot):
+        return int(self.meta[slot])
+
+    @property
+    def node_end(self):
+        return int(self.meta[K.M_NODE_END])
+
+    @property
+    def token_capacity(self):
+        return self.tokens.shape[0]
+
+    @property
+    def node_capacity(self):
+        return self.start.shape[0]
+
+    # ------------------------------------------------------------ growth
+    def reserve(self, tokens=0, nodes=0):
+        """Make room for ``tokens`` more buffer tokens and ``nodes`` more
+        nodes (and their table entries) before a kernel runs."""
+        meta = self.meta
+        changed = False
+        need_t = int(meta[K.M_TOK_USED]) + int(tokens)
+        if need_t > self.tokens.shape[0]:
+            self._grow_tokens(max(2 * self.tokens.shape[0], need_t))
+            changed = True
+        need_n = int(meta[K.M_NODE_END]) + max(0, int(nodes) - int(meta[K.M_FREE_COUNT]))
+        if need_n > self.start.shape[0]:
+            self._grow_nodes(max(2 * self.start.shape[0], need_n))
+            changed = True
+        need_slots = int(meta[K.M_NODES]) + int(nodes)
+        if need_slots > MAX_TABLE_LOAD * self.table.shape[0]:
+            self._rebuild_table(_table_size_for(need_slots))
+            changed = True
+        if changed:
+            self._pack()
+
+    def _grow_tokens(self, cap):
+        used = int(self.meta[K.M_TOK_USED])
+        self.tokens = _resized(self.tokens, cap, used)
+        if self.has_values:
+            self.values = _resized(self.values, cap, used)
+
+    def _grow_nodes(self, cap):
+        end = self.node_end
+        for name in self.NODE_ARRAYS:
+            setattr(self, name, _resized(getattr(self, name), cap, end))
+        self.term = _resized(self.term, (cap + 7) // 8, (end + 7) // 8)
+        if self.track:
+            for name in self.TRACK_ARRAYS:
+                setattr(self, name, _resized(getattr(self, name), cap, end))
+
+    def _rebuild_table(self, size):
+        self.table = np.full(size, K.NO_NODE, np.int32)
+        K.table_rebuild(self.table, self.tokens, self.start, self.length,
+                        self.parent, self.node_end, self.page_size)
+
+    def new_root(self):
+        self.reserve(nodes=1)
+        return int(K.new_root(self.T, self.track))
+
+    # ------------------------------------------------------------ memory
+    def array_usage(self):
+        """Per array: dtype, bytes in use and bytes allocated.
+
+        In use: the token (and value) buffer up to its high-water mark, dead
+        runs included; node arrays up to the node high-water mark; the whole
+        child table (its empty slots are what keeps probing short); the heap
+        up to its size.
+        """
+        tok_used = int(self.meta[K.M_TOK_USED])
+        end = self.node_end
+        used = {"tokens": tok_used, "values": tok_used if self.has_values else 0,
+                "term": (end + 7) // 8, "table": self.table.shape[0],
+                "meta": self.meta.shape[0]}
+        for name in self.NODE_ARRAYS:
+            used[name] = end
+        if self.track:
+            for name in self.TRACK_ARRAYS:
+                used[name] = end
+            used["heap"] = int(self.meta[K.M_HEAP_SIZE])
+        out = {}
+        for name, n in used.items():
+            arr = getattr(self, name)
+            out[name] = {"dtype": arr.dtype.name, "used_bytes": n * arr.itemsize,
+                         "allocated_bytes": arr.nbytes}
+        return out
+
+    # ------------------------------------------------------------ views
+    def live_mask(self):
+        """Boolean mask over node ids < node_end of live non-root nodes."""
+        end = self.node_end
+        return (self.length[:end] > 0) & (self.parent[:end] >= 0)
+
+    def terminal_mask(self):
+        end = self.node_end
+        bits = np.unpackbits(self.term, bitorder="little")[:end]
+        return bits.astype(bool)
+
+
+def _table_size_for(entries):
+    size = 16
+    while entries > MAX_TABLE_LOAD * size or size < 2 * entries:
+        size *= 2
+    return size
+
+
+def _resized(arr, cap, keep):
+    out = np.zeros(cap, arr.dtype)
+    out[:keep] = arr[:keep]
+    return out

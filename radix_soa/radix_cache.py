@@ -1,0 +1,145 @@
+"""``RadixCache``: a set of integer sequences stored as a compressed radix tree."""
+
+import numpy as np
+
+from . import _kernels as K
+from ._sequence import as_tokens, check_fits
+from ._storage import TreeStorage
+from ._invariants import check_tree
+
+
+class RadixCache:
+    """A set of integer token sequences in a struct-of-arrays radix tree.
+
+    Shared prefixes are stored once; a node splits where two sequences
+    diverge; ``exists`` is true only for sequences inserted exactly.
+
+    >>> rc = RadixCache()
+    >>> rc.insert([1, 2, 3, 4, 5])
+    True
+    >>> rc.insert([1, 2, 3, 9])
+    True
+    >>> rc.exists([1, 2, 3, 4, 5]), rc.exists([1, 2, 3])
+    (True, False)
+    >>> rc.match_prefix([1, 2, 3, 4, 7])
+    4
+    >>> len(rc), rc.num_nodes, rc.num_tokens
+    (2, 3, 6)
+
+    ``dtype`` is the token buffer's type: ``np.int64`` (default) takes any
+    signed 64-bit token; ``np.int32``/``np.uint16``... halve or quarter the
+    buffer and raise ``OverflowError`` on tokens that do not fit.
+    """
+
+    def __init__(self, dtype=np.int64):
+        self._s = TreeStorage(dtype)
+
+    # ------------------------------------------------------------ sizes
+    @property
+    def dtype(self):
+        """NumPy dtype of the token buffer."""
+        return self._s.dtype
+
+    def __len__(self):
+        return self._s.m(K.M_TERMINALS)
+
+    @property
+    def num_nodes(self):
+        """Nodes in the tree, root excluded."""
+        return self._s.m(K.M_NODES)
+
+    @property
+    def num_tokens(self):
+        """Tokens held in live node spans (shared prefixes counted once)."""
+        return self._s.m(K.M_TOKENS)
+
+    # ------------------------------------------------------------ queries
+    def exists(self, sequence):
+        """True if ``sequence`` was inserted exactly (and not removed since).
+
+        >>> rc = RadixCache(); _ = rc.insert([7, 8, 9])
+        >>> rc.exists([7, 8, 9]), rc.exists([7, 8]), rc.exists([])
+        (True, False, False)
+        """
+        q = as_tokens(sequence)
+        s = self._s
+        return bool(K.exists_one(*s.R, s.root, q, 0, q.shape[0]))
+
+    __contains__ = exists
+
+    def match_prefix(self, sequence):
+        """Length of the longest prefix of ``sequence`` present as a path
+        (whether or not a stored sequence ends there).
+
+        >>> rc = RadixCache(); _ = rc.insert([1, 2, 3])
+        >>> rc.match_prefix([1, 2, 5]), rc.match_prefix([4])
+        (2, 0)
+        """
+        q = as_tokens(sequence)
+        s = self._s
+        tokens, start, length, parent, _, table = s.R
+        return int(K.match_one(tokens, start, length, parent, table, s.root,
+                               q, 0, q.shape[0], 1))
+
+    # ------------------------------------------------------------ mutation
+    def insert(self, sequence):
+        """Store ``sequence``; True if it was not stored before.
+
+        Raises ``ValueError`` for an empty sequence and ``OverflowError`` for
+        a token outside the dtype; the tree is unchanged after an error.
+        """
+        q = as_tokens(sequence)
+        n = q.shape[0]
+        if n == 0:
+            raise ValueError("cannot insert an empty sequence")
+        s = self._s
+        check_fits(q, s.dtype)
+        s.reserve(tokens=n, nodes=2)
+        v, _ = K.insert_one(s.T, s.root, q, 0, n, q, 0, 1, False, 0)
+        return bool(K.set_terminal(s.term, s.meta, v))
+
+    def remove(self, sequence):
+        """Remove a stored sequence; ``KeyError`` if it is not stored exactly.
+
+        The tree stays canonical: the dead tail is pruned and a node left
+        with one child and no terminal mark merges with that child.
+        """
+        q = as_tokens(sequence)
+        s = self._s
+        while True:
+            status = K.remove_one(s.T, s.root, q, 0, q.shape[0])
+            if status >= 0:
+                break
+            s.reserve(tokens=-status - 1)
+        if status == 0:
+            raise KeyError(_short(q))
+
+    # ------------------------------------------------------------ iteration
+    def to_csr(self):
+        """All stored sequences as ``(flat, offsets)``: sequence ``i`` is
+        ``flat[offsets[i]:offsets[i+1]]``, in lexicographic order."""
+        s = self._s
+        flat, offsets = K.collect_sequences(s.tokens, s.start, s.length, s.parent,
+                                            s.term, s.root, s.node_end)
+        return flat.astype(np.int64, copy=False), offsets
+
+    def __iter__(self):
+        flat, offsets = self.to_csr()
+        for i in range(offsets.shape[0] - 1):
+            yield flat[offsets[i]:offsets[i + 1]]
+
+    def check_invariants(self, full=True):
+        """Raise ``AssertionError`` naming the first broken invariant.
+
+        ``full=False`` runs only the O(1) counter checks.
+        """
+        check_tree(self._s, full=full, canonical=True)
+
+    def __repr__(self):
+        return (f"RadixCache(sequences={len(self)}, nodes={self.num_nodes}, "
+                f"tokens={self.num_tokens}, dtype={self.dtype.name})")
+
+
+def _short(q, limit=8):
+    head = ", ".join(str(int(x)) for x in q[:limit])
+    return f"[{head}{', ...' if q.shape[0] > limit else ''}] (length {q.shape[0]})"
