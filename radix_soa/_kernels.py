@@ -455,6 +455,32 @@ def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
 
 
 @njit(cache=True)
+def has_room(T, n_tokens, n_nodes):
+    """True if ``n_tokens`` buffer tokens, ``n_nodes`` node ids and their
+    table entries fit without growing (the table stays under 0.7 load)."""
+    tokens = T[0]
+    start = T[2]
+    table = T[8]
+    meta = T[14]
+    if meta[M_TOK_USED] + n_tokens > tokens.shape[0]:
+        return False
+    if start.shape[0] - meta[M_NODE_END] + meta[M_FREE_COUNT] < n_nodes:
+        return False
+    return (meta[M_NODES] + n_nodes) * 10 <= table.shape[0] * 7
+
+
+@njit(cache=True)
+def radix_insert(T, root, q):
+    """``RadixCache.insert``: 1 if newly stored, 0 if already stored, -1 if
+    the arrays need room first (nothing changed then)."""
+    qn = q.shape[0]
+    if not has_room(T, qn, 2):
+        return -1
+    v, cached = insert_one(T, root, q, 0, qn, q, 0, 1, False, 0)
+    return 1 if set_terminal(T[7], T[14], v) else 0
+
+
+@njit(cache=True)
 def set_terminal(term, meta, v):
     """Mark ``v`` terminal; True if it was not already."""
     if _term_get(term, v) == 1:

@@ -12,7 +12,6 @@ from . import _kernels as K
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
 )
-MAX_TABLE_LOAD = 0.7
 _MIN_NODES = 16
 _MIN_TOKENS = 256
 
@@ -75,6 +74,7 @@ class TreeStorage:
                   self.stamp, self.hpos, self.heap, self.gen, self.meta)
         # the arrays read-only walks need, in kernel argument order
         self.R = (self.tokens, self.start, self.length, self.parent, self.term, self.table)
+        self.M = (self.tokens, self.start, self.length, self.parent, self.table)
 
     # ------------------------------------------------------------ counters
     def m(self, slot):
@@ -107,7 +107,7 @@ class TreeStorage:
             self._grow_nodes(max(2 * self.start.shape[0], need_n))
             changed = True
         need_slots = int(meta[K.M_NODES]) + int(nodes)
-        if need_slots > MAX_TABLE_LOAD * self.table.shape[0]:
+        if need_slots * 10 > self.table.shape[0] * 7:  # same test as the kernels' has_room
             self._rebuild_table(_table_size_for(need_slots))
             changed = True
         if changed:
@@ -178,7 +178,7 @@ class TreeStorage:
 
 def _table_size_for(entries):
     size = 16
-    while entries > MAX_TABLE_LOAD * size or size < 2 * entries:
+    while entries * 10 > size * 7 or size < 2 * entries:
         size *= 2
     return size
 

@@ -77,9 +77,7 @@ class RadixCache:
         """
         q = as_tokens(sequence)
         s = self._s
-        tokens, start, length, parent, _, table = s.R
-        return int(K.match_one(tokens, start, length, parent, table, s.root,
-                               q, 0, q.shape[0], 1))
+        return int(K.match_one(*s.M, s.root, q, 0, q.shape[0], 1))
 
     # ------------------------------------------------------------ mutation
     def insert(self, sequence):
@@ -94,9 +92,11 @@ class RadixCache:
             raise ValueError("cannot insert an empty sequence")
         s = self._s
         check_fits(q, s.dtype)
-        s.reserve(tokens=n, nodes=2)
-        v, _ = K.insert_one(s.T, s.root, q, 0, n, q, 0, 1, False, 0)
-        return bool(K.set_terminal(s.term, s.meta, v))
+        status = K.radix_insert(s.T, s.root, q)
+        if status < 0:
+            s.reserve(tokens=n, nodes=2)
+            status = K.radix_insert(s.T, s.root, q)
+        return status == 1
 
     def remove(self, sequence):
         """Remove a stored sequence; ``KeyError`` if it is not stored exactly.
