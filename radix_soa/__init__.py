@@ -9,8 +9,10 @@ True
 """
 
 from ._invariants import InvariantError
+from .batch import Batch, pack
 from ._warmup import warmup
 from .radix_cache import RadixCache
+from . import workloads
 
-__all__ = ["RadixCache", "InvariantError", "warmup"]
+__all__ = ["RadixCache", "Batch", "pack", "InvariantError", "warmup"]
 __version__ = "0.1.0"

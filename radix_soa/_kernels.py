@@ -48,10 +48,16 @@ META_SIZE = 16
 FREE = -1           # length of a free node
 NO_NODE = -1
 
+# Kernels that never allocate run without Numba's reference counting: with
+# it, each array argument costs two atomic updates per call, which made an
+# insert of a short leaf ten times slower. Only the few kernels that build
+# new arrays (and the prange loops) keep it.
+kernel = njit(cache=True, _nrt=False)
+
 
 # ---------------------------------------------------------------- hashing
 
-@njit(cache=True)
+@kernel
 def _mix64(x):
     # splitmix64 finalizer, pure uint64 arithmetic
     x ^= x >> np.uint64(30)
@@ -62,7 +68,7 @@ def _mix64(x):
     return x
 
 
-@njit(cache=True)
+@kernel
 def _key_hash(p, arr, pos, page):
     """Hash of the child key (parent id ``p``, ``arr[pos:pos+page]``)."""
     h = _mix64(np.uint64(np.int64(p)) + np.uint64(0x9E3779B97F4A7C15))
@@ -71,14 +77,14 @@ def _key_hash(p, arr, pos, page):
     return h
 
 
-@njit(cache=True)
+@kernel
 def _home(table, h):
     return np.int64(h & np.uint64(table.shape[0] - 1))
 
 
 # ---------------------------------------------------------------- child table
 
-@njit(cache=True)
+@kernel
 def _find_child(table, tokens, start, parent, p, q, pos, page):
     """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
     mask = table.shape[0] - 1
@@ -99,7 +105,7 @@ def _find_child(table, tokens, start, parent, p, q, pos, page):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@kernel
 def _table_put(table, tokens, start, parent, c, page):
     mask = table.shape[0] - 1
     i = _home(table, _key_hash(parent[c], tokens, start[c], page))
@@ -108,7 +114,7 @@ def _table_put(table, tokens, start, parent, c, page):
     table[i] = c
 
 
-@njit(cache=True)
+@kernel
 def _table_slot(table, tokens, start, parent, c, page):
     """Slot holding node ``c`` (which must be in the table)."""
     mask = table.shape[0] - 1
@@ -118,7 +124,7 @@ def _table_slot(table, tokens, start, parent, c, page):
     return i
 
 
-@njit(cache=True)
+@kernel
 def _table_delete_slot(table, tokens, start, parent, i, page):
     """Empty slot ``i`` and shift later entries of its probe run back."""
     mask = table.shape[0] - 1
@@ -140,7 +146,7 @@ def _table_delete_slot(table, tokens, start, parent, i, page):
     table[i] = NO_NODE
 
 
-@njit(cache=True)
+@kernel
 def table_rebuild(table, tokens, start, length, parent, node_end, page):
     """Fill an empty ``table`` with every live non-root node below ``node_end``."""
     for c in range(node_end):
@@ -150,17 +156,17 @@ def table_rebuild(table, tokens, start, length, parent, node_end, page):
 
 # ---------------------------------------------------------------- bitmap
 
-@njit(cache=True)
+@kernel
 def _term_get(term, v):
     return (term[v >> 3] >> (v & 7)) & 1
 
 
-@njit(cache=True)
+@kernel
 def _term_set(term, v):
     term[v >> 3] |= np.uint8(1 << (v & 7))
 
 
-@njit(cache=True)
+@kernel
 def _term_clear(term, v):
     term[v >> 3] &= np.uint8(~(1 << (v & 7)) & 0xFF)
 
@@ -169,12 +175,12 @@ def _term_clear(term, v):
 # A binary min-heap of evictable leaves (unlocked, childless, non-root) keyed
 # by (stamp, id); hpos[v] is v's slot in the heap or -1.
 
-@njit(cache=True)
+@kernel
 def _heap_less(stamp, a, b):
     return stamp[a] < stamp[b] or (stamp[a] == stamp[b] and a < b)
 
 
-@njit(cache=True)
+@kernel
 def _heap_sift_up(heap, hpos, stamp, i):
     v = heap[i]
     while i > 0:
@@ -189,7 +195,7 @@ def _heap_sift_up(heap, hpos, stamp, i):
     hpos[v] = i
 
 
-@njit(cache=True)
+@kernel
 def _heap_sift_down(heap, hpos, stamp, size, i):
     v = heap[i]
     while True:
@@ -208,7 +214,7 @@ def _heap_sift_down(heap, hpos, stamp, size, i):
     hpos[v] = i
 
 
-@njit(cache=True)
+@kernel
 def _heap_push(heap, hpos, stamp, meta, v):
     i = meta[M_HEAP_SIZE]
     meta[M_HEAP_SIZE] = i + 1
@@ -217,7 +223,7 @@ def _heap_push(heap, hpos, stamp, meta, v):
     _heap_sift_up(heap, hpos, stamp, i)
 
 
-@njit(cache=True)
+@kernel
 def _heap_remove(heap, hpos, stamp, meta, v):
     i = hpos[v]
     hpos[v] = -1
@@ -232,7 +238,7 @@ def _heap_remove(heap, hpos, stamp, meta, v):
     _heap_sift_down(heap, hpos, stamp, last, hpos[u])
 
 
-@njit(cache=True)
+@kernel
 def _touch(heap, hpos, stamp, meta, v, clock):
     """Refresh ``v``'s access time (a later time: it can only sink)."""
     stamp[v] = clock
@@ -240,14 +246,14 @@ def _touch(heap, hpos, stamp, meta, v, clock):
         _heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], hpos[v])
 
 
-@njit(cache=True)
+@kernel
 def _is_evictable_leaf(parent, nchild, lock, v):
     return parent[v] >= 0 and nchild[v] == 0 and lock[v] == 0
 
 
 # ---------------------------------------------------------------- node ids
 
-@njit(cache=True)
+@kernel
 def _alloc_node(start, meta):
     f = meta[M_FREE_HEAD]
     if f != NO_NODE:
@@ -259,7 +265,7 @@ def _alloc_node(start, meta):
     return v
 
 
-@njit(cache=True)
+@kernel
 def _free_node(T, v, track):
     (tokens, values, start, length, parent, nchild, cxor, term, table,
      lock, stamp, hpos, heap, gen, meta) = T
@@ -277,7 +283,7 @@ def _free_node(T, v, track):
         hpos[v] = -1
 
 
-@njit(cache=True)
+@kernel
 def new_root(T, track):
     """Allocate a namespace root (a node with no span and no parent)."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
@@ -299,24 +305,30 @@ def new_root(T, track):
 
 # ---------------------------------------------------------------- descent
 
-@njit(cache=True)
+@kernel
 def _common(tokens, s, q, qpos, n):
     """Length of the common prefix of ``tokens[s:s+n]`` and ``q[qpos:qpos+n]``."""
+    # Unsigned indices let LLVM see contiguous, non-negative indexing (a
+    # signed index makes Numba emit wraparound code, which turns the loads
+    # into gathers); slice views would do too but cost reference counting.
+    # Blocks of 32 without an early exit vectorize; the remainder and the
+    # block with the mismatch go token by token.
     k = 0
-    # blocks of 8 without early exit vectorize; finish token by token
-    while k + 8 <= n:
+    while k + 32 <= n:
         diff = 0
-        for j in range(8):
-            diff |= np.int64(tokens[s + k + j]) ^ np.int64(q[qpos + k + j])
+        a = np.uintp(s + k)
+        b = np.uintp(qpos + k)
+        for j in range(32):
+            diff |= np.int64(tokens[a + j]) ^ np.int64(q[b + j])
         if diff != 0:
             break
-        k += 8
-    while k < n and tokens[s + k] == q[qpos + k]:
+        k += 32
+    while k < n and tokens[np.uintp(s + k)] == q[np.uintp(qpos + k)]:
         k += 1
     return k
 
 
-@njit(cache=True)
+@kernel
 def _descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Walk from ``root`` along ``q[qs:qs+qn]``.
 
@@ -344,7 +356,7 @@ def _descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     return v, NO_NODE, 0, pos
 
 
-@njit(cache=True)
+@kernel
 def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     if qn == 0:
         return False
@@ -352,7 +364,7 @@ def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     return c == NO_NODE and pos == qn and _term_get(term, v) == 1
 
 
-@njit(cache=True)
+@kernel
 def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
     v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
     return pos + k
@@ -360,7 +372,16 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
 
 # ---------------------------------------------------------------- mutation
 
-@njit(cache=True)
+@kernel
+def _copy(dst, d, src, s, n):
+    """``dst[d:d+n] = src[s:s+n]`` (non-overlapping, any int dtypes)."""
+    dv = dst[d:d + n]
+    sv = src[s:s + n]
+    for j in range(n):
+        dv[j] = sv[j]
+
+
+@kernel
 def _split(T, c, k, page, track):
     """Cut node ``c`` after ``k`` tokens. ``c`` keeps the lower part (and its
     children, table entries of its children and handles); the upper part gets
@@ -391,18 +412,16 @@ def _split(T, c, k, page, track):
     return u
 
 
-@njit(cache=True)
+@kernel
 def _new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     """Append ``q[qs:qs+n]`` to the buffer as a new child of ``v``."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
      lock, stamp, hpos, heap, gen, meta) = T
     x = _alloc_node(start, meta)
     t = meta[M_TOK_USED]
-    for j in range(n):
-        tokens[t + j] = q[qs + j]
+    _copy(tokens, t, q, qs, n)
     if values.shape[0] > 0:
-        for j in range(n):
-            values[t + j] = vals[vs + j]
+        _copy(values, t, vals, vs, n)
     meta[M_TOK_USED] = t + n
     start[x] = t
     length[x] = n
@@ -426,7 +445,7 @@ def _new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     return x
 
 
-@njit(cache=True)
+@kernel
 def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     """Insert ``q[qs:qs+qn]`` (``qn`` a multiple of ``page``).
 
@@ -454,7 +473,7 @@ def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     return v, cached
 
 
-@njit(cache=True)
+@kernel
 def has_room(T, n_tokens, n_nodes):
     """True if ``n_tokens`` buffer tokens, ``n_nodes`` node ids and their
     table entries fit without growing (the table stays under 0.7 load)."""
@@ -469,7 +488,7 @@ def has_room(T, n_tokens, n_nodes):
     return (meta[M_NODES] + n_nodes) * 10 <= table.shape[0] * 7
 
 
-@njit(cache=True)
+@kernel
 def radix_insert(T, root, q):
     """``RadixCache.insert``: 1 if newly stored, 0 if already stored, -1 if
     the arrays need room first (nothing changed then)."""
@@ -480,7 +499,7 @@ def radix_insert(T, root, q):
     return 1 if set_terminal(T[7], T[14], v) else 0
 
 
-@njit(cache=True)
+@kernel
 def set_terminal(term, meta, v):
     """Mark ``v`` terminal; True if it was not already."""
     if _term_get(term, v) == 1:
@@ -490,7 +509,7 @@ def set_terminal(term, meta, v):
     return True
 
 
-@njit(cache=True)
+@kernel
 def _unlink(T, x, page, track):
     """Delete node ``x`` (childless) from its parent and free it."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
@@ -508,7 +527,7 @@ def _unlink(T, x, page, track):
     _free_node(T, x, track)
 
 
-@njit(cache=True)
+@kernel
 def _merge_room(start, length, p, c):
     """Buffer room merging ``p`` into its only child ``c`` needs."""
     if start[p] + length[p] == start[c]:
@@ -516,7 +535,7 @@ def _merge_room(start, length, p, c):
     return length[p] + length[c]
 
 
-@njit(cache=True)
+@kernel
 def _merge_into_child(T, p, c, page, track):
     """Merge node ``p`` into its only child ``c``; ``c`` keeps its id."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
@@ -533,15 +552,11 @@ def _merge_into_child(T, p, c, page, track):
         t = meta[M_TOK_USED]
         sp = start[p]
         sc = start[c]
-        for j in range(lp):
-            tokens[t + j] = tokens[sp + j]
-        for j in range(lc):
-            tokens[t + lp + j] = tokens[sc + j]
+        _copy(tokens, t, tokens, sp, lp)
+        _copy(tokens, t + lp, tokens, sc, lc)
         if values.shape[0] > 0:
-            for j in range(lp):
-                values[t + j] = values[sp + j]
-            for j in range(lc):
-                values[t + lp + j] = values[sc + j]
+            _copy(values, t, values, sp, lp)
+            _copy(values, t + lp, values, sc, lc)
         meta[M_TOK_USED] = t + lp + lc
         meta[M_DEAD_TOKENS] += lp + lc
         start[c] = t
@@ -553,7 +568,7 @@ def _merge_into_child(T, p, c, page, track):
     _free_node(T, p, track)
 
 
-@njit(cache=True)
+@kernel
 def remove_one(T, root, q, qs, qn):
     """Remove the stored sequence ``q[qs:qs+qn]`` and restore canonical form.
 
@@ -684,3 +699,52 @@ def collect_sequences(tokens, start, length, parent, term, root, node_end):
     out_off = np.zeros(n + 1, np.int64)
     _dfs_terminals(tokens, start, length, term, root, offsets, order, flat, out_off, True)
     return flat, out_off
+
+
+# ---------------------------------------------------------------- batches
+# Read-only batch loops come in a serial and a ``parallel=True`` (prange)
+# flavour; both run the same per-query code.
+
+@kernel
+def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
+    for i in range(offsets.shape[0] - 1):
+        out[i] = exists_one(tokens, start, length, parent, term, table, root,
+                            flat, offsets[i], offsets[i + 1] - offsets[i])
+
+
+@njit(cache=True, parallel=True)
+def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat, offsets, out):
+    for i in prange(offsets.shape[0] - 1):
+        out[i] = exists_one(tokens, start, length, parent, term, table, root,
+                            flat, offsets[i], offsets[i + 1] - offsets[i])
+
+
+@kernel
+def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
+    for i in range(offsets.shape[0] - 1):
+        out[i] = match_one(tokens, start, length, parent, table, root,
+                           flat, offsets[i], offsets[i + 1] - offsets[i], page)
+
+
+@njit(cache=True, parallel=True)
+def match_batch_parallel(tokens, start, length, parent, table, root, flat, offsets, page, out):
+    for i in prange(offsets.shape[0] - 1):
+        out[i] = match_one(tokens, start, length, parent, table, root,
+                           flat, offsets[i], offsets[i + 1] - offsets[i], page)
+
+
+@kernel
+def radix_insert_batch(T, root, flat, offsets, i0, new):
+    """Insert sequences ``i0..`` of a CSR batch, marking each terminal;
+    ``new[i]`` records whether sequence i was not stored before. Returns the
+    index it stopped at: ``len`` when done, else the first sequence that
+    needs more room (nothing of it was inserted)."""
+    n = offsets.shape[0] - 1
+    for i in range(i0, n):
+        qs = offsets[i]
+        qn = offsets[i + 1] - qs
+        if not has_room(T, qn, 2):
+            return i
+        v, cached = insert_one(T, root, flat, qs, qn, flat, qs, 1, False, 0)
+        new[i] = set_terminal(T[7], T[14], v)
+    return n

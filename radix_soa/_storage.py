@@ -113,6 +113,26 @@ class TreeStorage:
         if changed:
             self._pack()
 
+    def trim_slack(self):
+        """Give back what a generous ``reserve`` left unused: when the token
+        buffer or the node arrays hold more than twice what is used (plus a
+        quarter of headroom), shrink them to that. Shrinking reallocates in
+        place, which copies nothing for large buffers, and pages a
+        generous reservation never touched were never resident anyway."""
+        used = int(self.meta[K.M_TOK_USED])
+        target = max(_MIN_TOKENS, used + used // 4)
+        if self.tokens.shape[0] > 2 * target:
+            self.tokens = _shrunk(self.tokens, target)
+            if self.has_values:
+                self.values = _shrunk(self.values, target)
+        end = self.node_end
+        target = max(_MIN_NODES, end + end // 4)
+        if self.start.shape[0] > 2 * target:
+            for name in self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ()):
+                setattr(self, name, _shrunk(getattr(self, name), target))
+            self.term = _shrunk(self.term, (target + 7) // 8)
+        self._pack()
+
     def _grow_tokens(self, cap):
         used = int(self.meta[K.M_TOK_USED])
         self.tokens = _resized(self.tokens, cap, used)
@@ -183,7 +203,47 @@ def _table_size_for(entries):
     return size
 
 
+def _shrunk(arr, cap):
+    """``arr[:cap]`` as an array of its own, shrunk in place when possible."""
+    try:
+        arr.resize(cap, refcheck=False)  # realloc: no copy for large buffers
+        return arr
+    except ValueError:  # not owning its data (e.g. a loaded memory map)
+        return arr[:cap].copy()
+
+
 def _resized(arr, cap, keep):
     out = np.zeros(cap, arr.dtype)
     out[:keep] = arr[:keep]
     return out
+
+
+def run_batch(storage, batch, kernel):
+    """Run a resumable batch kernel (``kernel(i)`` inserts from item ``i``
+    and returns where it stopped for lack of room) to the end, growing the
+    storage in between.
+
+    Growth is sized from the batch itself: after a stop, the tokens the
+    batch has added so far per token it has read predict what the rest will
+    add; the buffer grows to that (at least doubling, at most all remaining
+    tokens). A generous guess costs only address space (untouched pages are
+    never resident), and ``trim_slack`` gives the excess back at the end.
+    """
+    n = len(batch)
+    offsets = batch.offsets
+    used0 = int(storage.meta[K.M_TOK_USED])
+    i = 0
+    grew = False
+    while True:
+        i = kernel(i)
+        if i >= n:
+            break
+        item = int(offsets[i + 1] - offsets[i])
+        done = int(offsets[i] - offsets[0])
+        remaining = int(offsets[n] - offsets[i])
+        added = int(storage.meta[K.M_TOK_USED]) - used0
+        guess = item if done == 0 else min(remaining, (added * remaining) // done * 3 // 2)
+        storage.reserve(tokens=max(item, guess), nodes=max(2, min(2 * (n - i), 2 * storage.node_end)))
+        grew = True
+    if grew:
+        storage.trim_slack()

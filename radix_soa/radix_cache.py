@@ -4,7 +4,8 @@ import numpy as np
 
 from . import _kernels as K
 from ._sequence import as_tokens, check_fits
-from ._storage import TreeStorage
+from .batch import as_batches, use_parallel
+from ._storage import TreeStorage, run_batch
 from ._invariants import check_tree
 
 
@@ -114,6 +115,75 @@ class RadixCache:
         if status == 0:
             raise KeyError(_short(q))
 
+    # ------------------------------------------------------------ batches
+    def insert_batch(self, batch):
+        """Insert many sequences; returns a bool array, True where a sequence
+        was not stored before (the first of duplicates within the batch).
+
+        ``batch`` is anything ``exists_batch`` takes. All-or-nothing: every
+        sequence is validated (non-empty, integers that fit the dtype) before
+        any is inserted.
+
+        >>> rc = RadixCache()
+        >>> rc.insert_batch([[1, 2, 3], [1, 2], [1, 2, 3]]).tolist()
+        [True, True, False]
+        """
+        batches = as_batches(batch)
+        for b in batches:
+            lengths = b.lengths
+            if np.any(lengths == 0):
+                raise ValueError(f"cannot insert an empty sequence (sequence "
+                                 f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
+            check_fits(b.flat, self._s.dtype)
+        s = self._s
+        out = []
+        for b in batches:
+            new = np.zeros(len(b), np.bool_)
+            run_batch(s, b, lambda i: K.radix_insert_batch(s.T, s.root, b.flat, b.offsets, i, new))
+            out.append(new)
+        return _concat(out, np.bool_)
+
+    def exists_batch(self, batch, parallel=None):
+        """``exists`` for every sequence of ``batch``, as a bool array.
+
+        ``batch``: a list of sequences, a ``Batch``, a ``(flat, offsets)``
+        tuple of NumPy arrays, or a pyarrow List/LargeList/Chunked array.
+        ``parallel``: None (default) uses Numba's threads for batches of at
+        least ``radix_soa.batch.PARALLEL_MIN_TOKENS`` tokens; True/False
+        forces it. ``NUMBA_NUM_THREADS`` caps the threads.
+
+        >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2], [3]])
+        >>> rc.exists_batch([[1, 2], [1], [3]]).tolist()
+        [True, False, True]
+        """
+        batches = as_batches(batch)
+        kernel = K.exists_batch_parallel if use_parallel(parallel, batches) else K.exists_batch
+        s = self._s
+        out = []
+        for b in batches:
+            res = np.empty(len(b), np.bool_)
+            kernel(*s.R, s.root, b.flat, b.offsets, res)
+            out.append(res)
+        return _concat(out, np.bool_)
+
+    def match_prefix_batch(self, batch, parallel=None):
+        """``match_prefix`` for every sequence of ``batch``, as an int64 array
+        (arguments as for ``exists_batch``).
+
+        >>> rc = RadixCache(); _ = rc.insert([1, 2, 3])
+        >>> rc.match_prefix_batch([[1, 2, 9], [5], [1, 2, 3, 4]]).tolist()
+        [2, 0, 3]
+        """
+        batches = as_batches(batch)
+        kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
+        s = self._s
+        out = []
+        for b in batches:
+            res = np.empty(len(b), np.int64)
+            kernel(*s.M, s.root, b.flat, b.offsets, 1, res)
+            out.append(res)
+        return _concat(out, np.int64)
+
     # ------------------------------------------------------------ iteration
     def to_csr(self):
         """All stored sequences as ``(flat, offsets)``: sequence ``i`` is
@@ -138,6 +208,10 @@ class RadixCache:
     def __repr__(self):
         return (f"RadixCache(sequences={len(self)}, nodes={self.num_nodes}, "
                 f"tokens={self.num_tokens}, dtype={self.dtype.name})")
+
+
+def _concat(parts, dtype):
+    return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(dtype, copy=False)
 
 
 def _short(q, limit=8):
