@@ -89,7 +89,68 @@ def section_core(repeat):
           f"(whole interpreter {wall * 1e3:.0f} ms)")
 
 
-SECTIONS = {"core": section_core}
+def section_batch(repeat):
+    import numba
+
+    radix_soa.warmup()
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    threads = numba.get_num_threads()
+    for wl in ("shared_prefix", "multi_turn", "long_shared_prefix"):
+        seqs = common.sequences(wl)
+        batch = radix_soa.pack(seqs)
+        print(f"\n[batch] workload {wl}: {len(batch):,} sequences, {batch.num_tokens:,} tokens")
+        ref = common.build("reference", seqs)
+        rc = radix_soa.RadixCache()
+        rc.insert_batch(batch)
+        csr = (batch.flat, batch.offsets)
+        for name, call, ref_call in (
+                ("exists_batch", rc.exists_batch, ref.exists),
+                ("match_prefix_batch", rc.match_prefix_batch, ref.match_prefix)):
+            ours = best_of(lambda: call(csr, parallel=False), repeat)
+            base = best_of(lambda: [ref_call(s) for s in seqs], max(1, repeat - 1))
+            line(f"{name} (CSR, 1 thread)", ours, base, "reference loop")
+        copy = batch.flat.copy()
+        floor = best_of(lambda: np.array_equal(batch.flat, copy), repeat)
+        one = best_of(lambda: rc.exists_batch(csr, parallel=False), repeat)
+        par = best_of(lambda: rc.exists_batch(csr, parallel=True), repeat)
+        print(f"  exists_batch vs np.array_equal(flat, copy) {floor * 1e3:.2f} ms: "
+              f"1 thread {one / floor:.2f}x, {threads} threads {par / floor:.2f}x of the floor")
+        ours = best_of(lambda rc: rc.insert_batch(csr), repeat, setup=radix_soa.RadixCache)
+
+        def ref_insert(tree):
+            for s in seqs:
+                tree.insert(s)
+
+        base = best_of(ref_insert, max(1, repeat - 1), setup=lambda: common.make("reference"))
+        line("insert_batch into an empty tree (numpy seqs)", ours, base, "reference loop")
+        lists = common.as_lists(wl)
+        base = best_of(lambda tree: [tree.insert(s) for s in lists],
+                       max(1, repeat - 1), setup=lambda: common.make("reference"))
+        line("insert_batch into an empty tree (list seqs)", ours, base, "reference loop")
+        if pa is not None:
+            arr = pa.ListArray.from_arrays(pa.array(batch.offsets.astype(np.int32)), pa.array(batch.flat))
+            for name, call in (("exists_batch", rc.exists_batch), ("match_prefix_batch", rc.match_prefix_batch)):
+                t_csr = best_of(lambda: call(csr, parallel=False), repeat)
+                t_arrow = best_of(lambda: call(arr, parallel=False), repeat)
+                print(f"  {name}: Arrow ListArray {t_arrow * 1e3:.2f} ms vs CSR {t_csr * 1e3:.2f} ms "
+                      f"= {t_arrow / t_csr:.3f}x")
+    print(f"\n[batch] parallel=None threshold check (serial vs {threads} threads, chat sequences):")
+    seqs = common.sequences("shared_prefix")
+    rc = radix_soa.RadixCache()
+    rc.insert_batch(seqs)
+    for n in (1, 4, 16, 64, 256, 1024):
+        b = radix_soa.pack(seqs[:n])
+        t_s = best_of(lambda: rc.exists_batch(b, parallel=False), repeat + 2)
+        t_p = best_of(lambda: rc.exists_batch(b, parallel=True), repeat + 2)
+        print(f"  {n:5d} sequences ({b.num_tokens:8,d} tokens): serial {t_s * 1e6:8.1f} us, "
+              f"parallel {t_p * 1e6:8.1f} us, default picks "
+              f"{'parallel' if radix_soa.batch.use_parallel(None, [b]) else 'serial'}")
+
+
+SECTIONS = {"core": section_core, "batch": section_batch}
 
 
 def main():

@@ -19,6 +19,12 @@ def warmup(dtypes=(np.int64,)):
         rc.insert([1, 2, 4])
         rc.exists([1, 2, 3])
         rc.match_prefix([1, 2, 5])
+        rc.exists(np.array([1, 2, 3]))
+        rc.match_prefix(np.array([1, 2, 5]))
         rc.remove([1, 2, 4])
         rc.to_csr()
+        rc.insert_batch([[1, 2], [3]])
+        for parallel in (False, True):
+            rc.exists_batch([[1, 2], [3]], parallel=parallel)
+            rc.match_prefix_batch([[1, 2], [3]], parallel=parallel)
     return len(dtypes)

@@ -170,7 +170,7 @@ def _item_tokens(i, x):
 
 # Below this many query tokens a batch runs serially: starting Numba's
 # thread pool costs more than the work (measured in asv_bench/bench.py batch).
-PARALLEL_MIN_TOKENS = 1 << 16
+PARALLEL_MIN_TOKENS = 1 << 18
 
 
 def use_parallel(parallel, batches):
