@@ -12,7 +12,9 @@ from ._invariants import InvariantError
 from .batch import Batch, pack
 from ._warmup import warmup
 from .radix_cache import RadixCache
+from .prefix_cache import CacheFullError, EvictResult, InsertResult, Match, PrefixCache
 from . import workloads
 
-__all__ = ["RadixCache", "Batch", "pack", "InvariantError", "warmup"]
+__all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
+           "Match", "EvictResult", "InvariantError", "warmup"]
 __version__ = "0.1.0"

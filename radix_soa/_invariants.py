@@ -152,8 +152,12 @@ def _check_tracking(s, end, live, root, free, length, parent, nchild):
     lock = s.lock[:end].astype(np.int64)
     _require(np.all(lock[~free] >= 0), "lock counts are non-negative")
     ids = np.flatnonzero(live)
-    _require(np.all(lock[parent[ids]] >= lock[ids]) if len(ids) else True,
-             "a parent is locked at least as often as each child")
+    own = s.own[:end].astype(np.int64)
+    _require(np.all(own[~free] >= 0), "own lock counts are non-negative")
+    below = np.zeros(end, np.int64)
+    np.add.at(below, parent[ids], lock[ids])
+    _require(np.array_equal(lock[live], own[live] + below[live]),
+             "a node's lock count is its own locks plus its children's counts")
     locked = int(length[ids][lock[ids] > 0].sum())
     _require(locked == int(meta[K.M_LOCKED_TOKENS]), "locked token count matches the locks")
     hsize = int(meta[K.M_HEAP_SIZE])

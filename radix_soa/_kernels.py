@@ -8,7 +8,7 @@ kernel that could still run out reports it through its return value.
 The tree arrays travel as one tuple ``T`` (see ``radix_soa._storage``)::
 
     T = (tokens, values, start, length, parent, nchild, cxor, term, table,
-         lock, stamp, hpos, heap, gen, meta)
+         lock, stamp, hpos, heap, gen, own, meta)
 
 - ``tokens``   flat token buffer; node ``v`` owns ``tokens[start[v]:start[v]+length[v]]``
 - ``values``   int64 per token, parallel to ``tokens`` (empty when not kept)
@@ -20,10 +20,11 @@ The tree arrays travel as one tuple ``T`` (see ``radix_soa._storage``)::
 - ``term``     uint8 terminal bitmap (``RadixCache``: sequence ends here)
 - ``table``    int32 open-addressing child table keyed by (parent, first page);
                ``-1`` is an empty slot; linear probing, backward-shift delete
-- ``lock``, ``stamp``, ``hpos``, ``heap``, ``gen``: prefix-cache bookkeeping
-  (reference counts, logical access time, position in the LRU heap of
-  evictable leaves, the heap, handle generations); empty arrays when the tree
-  does not track them (``track=False``).
+- ``lock``, ``stamp``, ``hpos``, ``heap``, ``gen``, ``own``: prefix-cache
+  bookkeeping (locks on the node's subtree, logical access time, position in
+  the LRU heap of evictable leaves, the heap, handle generations, locks taken
+  on the node itself); empty arrays when the tree does not track them
+  (``track=False``).
 - ``meta``     int64 counters, indexed by the ``M_*`` constants below.
 """
 
@@ -268,7 +269,7 @@ def _alloc_node(start, meta):
 @kernel
 def _free_node(T, v, track):
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     length[v] = FREE
     parent[v] = -2
     nchild[v] = 0
@@ -280,6 +281,7 @@ def _free_node(T, v, track):
     if track:
         gen[v] += 1
         lock[v] = 0
+        own[v] = 0
         hpos[v] = -1
 
 
@@ -287,7 +289,7 @@ def _free_node(T, v, track):
 def new_root(T, track):
     """Allocate a namespace root (a node with no span and no parent)."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     r = _alloc_node(start, meta)
     start[r] = 0
     length[r] = 0
@@ -298,6 +300,7 @@ def new_root(T, track):
     meta[M_ROOTS] += 1
     if track:
         lock[r] = 0
+        own[r] = 0
         stamp[r] = 0
         hpos[r] = -1
     return r
@@ -387,7 +390,7 @@ def _split(T, c, k, page, track):
     children, table entries of its children and handles); the upper part gets
     a new id, which is returned."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     slot = _table_slot(table, tokens, start, parent, c, page)
     u = _alloc_node(start, meta)
     pp = parent[c]
@@ -406,7 +409,8 @@ def _split(T, c, k, page, track):
     _table_put(table, tokens, start, parent, c, page)
     meta[M_NODES] += 1
     if track:
-        lock[u] = lock[c]
+        lock[u] = lock[c]  # same subtree, same locks; none taken on u itself
+        own[u] = 0
         stamp[u] = stamp[c]
         hpos[u] = -1
     return u
@@ -416,7 +420,7 @@ def _split(T, c, k, page, track):
 def _new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     """Append ``q[qs:qs+n]`` to the buffer as a new child of ``v``."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     x = _alloc_node(start, meta)
     t = meta[M_TOK_USED]
     _copy(tokens, t, q, qs, n)
@@ -437,6 +441,7 @@ def _new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     meta[M_TOKENS] += n
     if track:
         lock[x] = 0
+        own[x] = 0
         stamp[x] = clock
         hpos[x] = -1
         if was_leaf and hpos[v] >= 0:
@@ -454,7 +459,7 @@ def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     leading tokens were already stored.
     """
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
     cached = pos + k
     if track:
@@ -480,7 +485,7 @@ def has_room(T, n_tokens, n_nodes):
     tokens = T[0]
     start = T[2]
     table = T[8]
-    meta = T[14]
+    meta = T[15]
     if meta[M_TOK_USED] + n_tokens > tokens.shape[0]:
         return False
     if start.shape[0] - meta[M_NODE_END] + meta[M_FREE_COUNT] < n_nodes:
@@ -496,7 +501,7 @@ def radix_insert(T, root, q):
     if not has_room(T, qn, 2):
         return -1
     v, cached = insert_one(T, root, q, 0, qn, q, 0, 1, False, 0)
-    return 1 if set_terminal(T[7], T[14], v) else 0
+    return 1 if set_terminal(T[7], T[15], v) else 0
 
 
 @kernel
@@ -513,7 +518,7 @@ def set_terminal(term, meta, v):
 def _unlink(T, x, page, track):
     """Delete node ``x`` (childless) from its parent and free it."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     slot = _table_slot(table, tokens, start, parent, x, page)
     _table_delete_slot(table, tokens, start, parent, slot, page)
     p = parent[x]
@@ -539,7 +544,7 @@ def _merge_room(start, length, p, c):
 def _merge_into_child(T, p, c, page, track):
     """Merge node ``p`` into its only child ``c``; ``c`` keeps its id."""
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     slot_c = _table_slot(table, tokens, start, parent, c, page)
     _table_delete_slot(table, tokens, start, parent, slot_c, page)
     slot_p = _table_slot(table, tokens, start, parent, p, page)
@@ -576,7 +581,7 @@ def remove_one(T, root, q, qs, qn):
     lacks ``room`` free tokens for a merge (nothing changed then).
     """
     (tokens, values, start, length, parent, nchild, cxor, term, table,
-     lock, stamp, hpos, heap, gen, meta) = T
+     lock, stamp, hpos, heap, gen, own, meta) = T
     if qn == 0:
         return 0
     x, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, 1)
@@ -746,5 +751,130 @@ def radix_insert_batch(T, root, flat, offsets, i0, new):
         if not has_room(T, qn, 2):
             return i
         v, cached = insert_one(T, root, flat, qs, qn, flat, qs, 1, False, 0)
-        new[i] = set_terminal(T[7], T[14], v)
+        new[i] = set_terminal(T[7], T[15], v)
     return n
+
+
+# ---------------------------------------------------------------- prefix cache
+# RadixAttention semantics on the same arrays (track=True): every node has a
+# lock count, an access stamp from a logical clock and, while it is an
+# unlocked leaf, a place in the LRU heap.
+
+@kernel
+def pc_match(T, root, q, qs, qn, page, clock):
+    """Longest cached whole-page prefix of ``q[qs:qs+qn]``. Splits the node
+    the match ends inside of, so the returned node ends exactly at the match;
+    stamps the path with ``clock``. Needs room for 1 node. Returns
+    ``(length, node)``; ``node == root`` when nothing matched."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, own, meta) = T
+    v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
+    if c != NO_NODE:
+        v = _split(T, c, k, page, True)
+        pos += k
+    w = v
+    while w != root:
+        _touch(heap, hpos, stamp, meta, w, clock)
+        w = parent[w]
+    return pos, v
+
+
+@kernel
+def pc_match_batch(T, root, flat, offsets, page, clock0, i0, out):
+    """``pc_match`` for sequences ``i0..`` of a CSR batch (each cut to whole
+    pages), the clock ticking once per sequence (sequence i uses
+    ``clock0 + i + 1``). Returns where it stopped for lack of room (``len``
+    when done)."""
+    n = offsets.shape[0] - 1
+    for i in range(i0, n):
+        if not has_room(T, 0, 1):
+            return i
+        qs = offsets[i]
+        qn = offsets[i + 1] - qs
+        out[i], v = pc_match(T, root, flat, qs, qn - qn % page, page, clock0 + i + 1)
+    return n
+
+
+@kernel
+def pc_path_values(start, length, parent, values, node, total, out):
+    """Values of the tokens on the path root..node (``total`` of them) into
+    ``out`` in token order."""
+    end = total
+    v = node
+    while parent[v] >= 0:
+        L = length[v]
+        _copy(out, end - L, values, start[v], L)
+        end -= L
+        v = parent[v]
+
+
+@kernel
+def pc_plan_insert(T, root, q, qs, qn, page):
+    """Before an insert: ``(cached, protect, unlocked)`` where ``cached`` is
+    the whole-page match, ``protect`` the deepest node the insert will keep
+    (the node the match ends inside of, or the last fully matched one) and
+    ``unlocked`` the tokens on root..protect that are not locked now."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, own, meta) = T
+    v, c, k, pos = _descend(tokens, start, length, parent, table, root, q, qs, qn, page)
+    protect = c if c != NO_NODE else v
+    unlocked = 0
+    w = protect
+    while w != root:
+        if lock[w] == 0:
+            unlocked += length[w]
+        w = parent[w]
+    return pos + k, protect, unlocked
+
+
+@kernel
+def pc_lock(T, node, delta):
+    """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
+    count and the subtree count of it and every ancestor change, keeping the
+    locked-token count and the LRU heap in step."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, own, meta) = T
+    own[node] += delta
+    w = node
+    while parent[w] >= 0:
+        before = lock[w]
+        lock[w] = before + delta
+        if before == 0 and delta > 0:
+            meta[M_LOCKED_TOKENS] += length[w]
+            if hpos[w] >= 0:
+                _heap_remove(heap, hpos, stamp, meta, w)
+        elif before + delta == 0:
+            meta[M_LOCKED_TOKENS] -= length[w]
+            if nchild[w] == 0:
+                _heap_push(heap, hpos, stamp, meta, w)
+        w = parent[w]
+
+
+@kernel
+def pc_evict(T, n, page, out):
+    """Free ``n`` tokens (a multiple of ``page``) from the tails of the least
+    recently used unlocked leaves; a parent left childless and unlocked
+    becomes a leaf candidate at once. Writes the freed tokens' values to
+    ``out`` (when values are kept) and returns the number freed."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, own, meta) = T
+    freed = 0
+    keep_values = values.shape[0] > 0
+    while freed < n and meta[M_HEAP_SIZE] > 0:
+        x = heap[0]
+        L = length[x]
+        take = min(L, n - freed)
+        rest = L - take
+        if keep_values:
+            _copy(out, freed, values, start[x] + rest, take)
+        freed += take
+        if rest > 0:
+            length[x] = rest
+            meta[M_TOKENS] -= take
+            meta[M_DEAD_TOKENS] += take
+        else:
+            p = parent[x]
+            _unlink(T, x, page, True)
+            if parent[p] >= 0 and nchild[p] == 0 and lock[p] == 0:
+                _heap_push(heap, hpos, stamp, meta, p)
+    return freed

@@ -59,6 +59,7 @@ class TreeStorage:
         self.hpos = np.full(tn, -1, np.int32)
         self.heap = np.zeros(tn, np.int32)
         self.gen = np.zeros(tn, np.uint32)
+        self.own = np.zeros(tn, np.int32)
         self.meta = np.zeros(K.META_SIZE, np.int64)
         self.meta[K.M_FREE_HEAD] = K.NO_NODE
         self._pack()
@@ -66,12 +67,12 @@ class TreeStorage:
 
     # ------------------------------------------------------------ packing
     NODE_ARRAYS = ("start", "length", "parent", "nchild", "cxor")
-    TRACK_ARRAYS = ("lock", "stamp", "hpos", "heap", "gen")
+    TRACK_ARRAYS = ("lock", "stamp", "hpos", "heap", "gen", "own")
 
     def _pack(self):
         self.T = (self.tokens, self.values, self.start, self.length, self.parent,
                   self.nchild, self.cxor, self.term, self.table, self.lock,
-                  self.stamp, self.hpos, self.heap, self.gen, self.meta)
+                  self.stamp, self.hpos, self.heap, self.gen, self.own, self.meta)
         # the arrays read-only walks need, in kernel argument order
         self.R = (self.tokens, self.start, self.length, self.parent, self.term, self.table)
         self.M = (self.tokens, self.start, self.length, self.parent, self.table)

@@ -47,9 +47,11 @@ from .reference import common_prefix
 
 __all__ = ["ReferencePrefixCache", "InsertResult", "Match", "EvictResult", "CacheFullError"]
 
-InsertResult = namedtuple("InsertResult", ["cached", "node"])
+InsertResult = namedtuple("InsertResult", ["cached", "node", "evicted"], defaults=(None,))
 InsertResult.__doc__ = """Result of ``insert``: ``cached`` page-aligned tokens were already
-present; ``node`` is the handle of the node the inserted sequence ends at."""
+present; ``node`` is the handle of the node the inserted sequence ends at;
+``evicted`` is the ``EvictResult`` of what making room under the capacity
+freed (the caller frees those KV slots)."""
 
 Match = namedtuple("Match", ["length", "node", "values"])
 Match.__doc__ = """Result of ``match``: the page-aligned ``length`` of the longest cached
@@ -318,8 +320,10 @@ class ReferencePrefixCache:
 
         node, pos, x, k = self._descend(root, t)
         cached = pos + k
+        evicted = EvictResult(0, _EMPTY.copy() if self._has_values else None)
         if self._capacity is not None and self._total + n - cached > self._capacity:
-            self._make_room(x if x is not None else node, self._total + n - cached - self._capacity)
+            evicted = self._make_room(x if x is not None else node,
+                                      self._total + n - cached - self._capacity)
 
         self._clock += 1
         now = self._clock
@@ -338,7 +342,7 @@ class ReferencePrefixCache:
             node.stamp = now
             node = node.parent
         self._stats["inserted_tokens"] += n - cached
-        return InsertResult(cached, end)
+        return InsertResult(cached, end, evicted)
 
     def _make_room(self, deepest, need):
         """Evict ``need`` tokens (rounded up to pages) with the path root..``deepest``
@@ -356,7 +360,7 @@ class ReferencePrefixCache:
                 f"evictable (capacity {self._capacity}, {self._locked} locked)")
         self._lock(deepest)
         try:
-            self._evict(need)
+            return self._evict(need)
         finally:
             self._unlock(deepest)
 
