@@ -150,7 +150,85 @@ def section_batch(repeat):
               f"{'parallel' if radix_soa.batch.use_parallel(None, [b]) else 'serial'}")
 
 
-SECTIONS = {"core": section_core, "batch": section_batch}
+def section_prefix(repeat):
+    from radix_soa.reference_prefix import ReferencePrefixCache
+
+    radix_soa.warmup()
+    rng = np.random.default_rng(0)
+    print("\n[prefix] match on long shared prefixes: 32 cached prefixes of 8,192 tokens; each query")
+    print("  is a prefix + a fresh 64-token tail, built just before the call (hot in cache, like a")
+    print("  freshly tokenized request); the sum of the match calls alone is timed")
+    prefixes = [rng.integers(0, 32_000, size=8192) for _ in range(32)]
+    for values in (True, False):
+        pc = radix_soa.PrefixCache(values=values)
+        ref = ReferencePrefixCache(values=values)
+        for p in prefixes:
+            pc.insert(p, values=p if values else None)
+            ref.insert(p, values=p if values else None)
+        picks = rng.integers(0, 32, size=400).tolist()
+        tails = [rng.integers(0, 32_000, size=64) for _ in picks]
+
+        def per_token(cache):
+            best = float("inf")
+            for _ in range(repeat):
+                total = 0.0
+                ntok = 0
+                for w, tail in zip(picks, tails):
+                    q = np.concatenate([prefixes[w], tail])
+                    t0 = time.perf_counter()
+                    cache.match(q)
+                    total += time.perf_counter() - t0
+                    ntok += q.shape[0]
+                best = min(best, total / ntok)
+            return best
+
+        ours, base = per_token(pc), per_token(ref)
+        print(f"  match per token (values={values}): radix_soa {ours * 1e9:.2f} ns, reference "
+              f"{base * 1e9:.2f} ns, ratio {base / ours:.1f}x")
+
+    print("\n[prefix] evict 100,000 tokens from a tree of ~2,000 leaves")
+    seqs = radix_soa.workloads.shared_prefix(n_sequences=2000, n_prompts=20, prompt_len=400,
+                                             tail_len=(50, 250), seed=1)
+
+    def fill(cls):
+        cache = cls()
+        for s in seqs:
+            cache.insert(s, values=s)
+        return cache
+
+    leaves = fill(radix_soa.PrefixCache)
+    print(f"  {leaves.num_nodes:,} nodes, {leaves.total_tokens:,} tokens")
+    ours = best_of(lambda c: c.evict(100_000), repeat + 2, setup=lambda: fill(radix_soa.PrefixCache))
+    base = best_of(lambda c: c.evict(100_000), repeat, setup=lambda: fill(ReferencePrefixCache))
+    line("evict(100_000)", ours, base, "reference heap-of-leaves")
+    small = best_of(lambda c: c.evict(64), repeat + 2, setup=lambda: fill(radix_soa.PrefixCache))
+    base_small = best_of(lambda c: c.evict(64), repeat, setup=lambda: fill(ReferencePrefixCache))
+    line("evict(64) (cost follows what is evicted)", small, base_small, "reference heap-of-leaves")
+    pc = fill(radix_soa.PrefixCache)
+    handles = [pc.match(s).node for s in seqs[:500]]
+
+    def lock_cycle():
+        for h in handles:
+            pc.lock(h)
+        for h in handles:
+            pc.unlock(h)
+
+    t = best_of(lock_cycle, repeat)
+    print(f"  lock + unlock: {t / len(handles) * 1e6:.2f} us per pair")
+
+    print("\n[prefix] memory (used array bytes)")
+    for values in (True, False):
+        pc = radix_soa.PrefixCache(values=values)
+        for s in seqs:
+            pc.insert(s, values=s if values else None)
+        usage = pc._s.array_usage()
+        per_tok = usage["tokens"]["used_bytes"] + usage["values"]["used_bytes"]
+        rest = sum(a["used_bytes"] for a in usage.values()) - per_tok
+        print(f"  values={values}: {per_tok / pc.total_tokens:.2f} bytes per token, "
+              f"{rest / pc.num_nodes:.1f} bytes per node ({pc.num_nodes:,} nodes)")
+
+
+SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix}
 
 
 def main():

@@ -311,21 +311,19 @@ def new_root(T, track):
 @kernel
 def _common(tokens, s, q, qpos, n):
     """Length of the common prefix of ``tokens[s:s+n]`` and ``q[qpos:qpos+n]``."""
-    # Unsigned indices let LLVM see contiguous, non-negative indexing (a
-    # signed index makes Numba emit wraparound code, which turns the loads
-    # into gathers); slice views would do too but cost reference counting.
-    # Blocks of 32 without an early exit vectorize; the remainder and the
-    # block with the mismatch go token by token.
+    # Indices are cast to unsigned after the addition: a signed index makes
+    # Numba emit wraparound code (the loads become gathers), and adding an
+    # int64 to a uint64 would make a float. Blocks of 64 without an early exit
+    # vectorize (faster than np.array_equal on cached data); the remainder and
+    # the block holding the mismatch go token by token.
     k = 0
-    while k + 32 <= n:
+    while k + 64 <= n:
         diff = 0
-        a = np.uintp(s + k)
-        b = np.uintp(qpos + k)
-        for j in range(32):
-            diff |= np.int64(tokens[a + j]) ^ np.int64(q[b + j])
+        for j in range(64):
+            diff |= np.int64(tokens[np.uintp(s + k + j)]) ^ np.int64(q[np.uintp(qpos + k + j)])
         if diff != 0:
             break
-        k += 32
+        k += 64
     while k < n and tokens[np.uintp(s + k)] == q[np.uintp(qpos + k)]:
         k += 1
     return k
@@ -793,6 +791,38 @@ def pc_match_batch(T, root, flat, offsets, page, clock0, i0, out):
         qn = offsets[i + 1] - qs
         out[i], v = pc_match(T, root, flat, qs, qn - qn % page, page, clock0 + i + 1)
     return n
+
+
+@kernel
+def pc_match_one(T, root, q, page, out):
+    """``PrefixCache.match``: ticks the clock, matches ``q`` (cut to whole
+    pages) with ``pc_match`` and writes the matched tokens' values to
+    ``out`` (``len(out) >= len(q)``; ignored without values). Returns
+    ``(length, node, generation)``, or ``(-1, -1, 0)`` when the arrays need
+    room for a node first (nothing changed then)."""
+    meta = T[15]
+    if not has_room(T, 0, 1):
+        return -1, -1, np.uint32(0)
+    meta[M_CLOCK] += 1
+    qn = q.shape[0]
+    length, v = pc_match(T, root, q, 0, qn - qn % page, page, meta[M_CLOCK])
+    values = T[1]
+    if values.shape[0] > 0:
+        pc_path_values(T[2], T[3], T[4], values, v, length, out)
+    return length, v, T[13][v]
+
+
+@kernel
+def pc_insert_one(T, root, q, n, vals, page):
+    """``PrefixCache.insert`` after any eviction: ticks the clock and inserts
+    ``q[:n]`` with its values. Returns ``(cached, node, generation)``, or
+    ``(-1, -1, 0)`` when the arrays need room first (nothing changed)."""
+    meta = T[15]
+    if not has_room(T, n, 2):
+        return -1, -1, np.uint32(0)
+    meta[M_CLOCK] += 1
+    v, cached = insert_one(T, root, q, 0, n, vals, 0, page, True, meta[M_CLOCK])
+    return cached, v, T[13][v]
 
 
 @kernel

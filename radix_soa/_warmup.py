@@ -11,6 +11,7 @@ def warmup(dtypes=(np.int64,)):
     >>> radix_soa.warmup()
     1
     """
+    from .prefix_cache import PrefixCache
     from .radix_cache import RadixCache
 
     for dtype in dtypes:
@@ -27,4 +28,14 @@ def warmup(dtypes=(np.int64,)):
         for parallel in (False, True):
             rc.exists_batch([[1, 2], [3]], parallel=parallel)
             rc.match_prefix_batch([[1, 2], [3]], parallel=parallel)
+        for values in (True, False):
+            pc = PrefixCache(capacity=8, values=values, dtype=dtype)
+            vals = (lambda n: list(range(n))) if values else (lambda n: None)
+            pc.insert([1, 2, 3, 4], values=vals(4))
+            m = pc.match(np.array([1, 2, 9]))
+            pc.lock(m.node)
+            pc.insert([5, 6, 7, 8], values=vals(4))
+            pc.unlock(m.node)
+            pc.match_batch([[1, 2], [5]])
+            pc.evict(2)
     return len(dtypes)

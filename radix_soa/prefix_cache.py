@@ -145,10 +145,6 @@ class PrefixCache:
             raise ValueError(f"node handle {handle} does not refer to a live node of this cache")
         return v
 
-    def _tick(self):
-        self._s.meta[K.M_CLOCK] += 1
-        return int(self._s.meta[K.M_CLOCK])
-
     def _aligned(self, n):
         return n - n % self._page
 
@@ -164,22 +160,16 @@ class PrefixCache:
         q = as_tokens(tokens)
         root = self._root(namespace)
         s = self._s
-        n = self._aligned(q.shape[0])
-        s.reserve(nodes=1)
-        length, v = K.pc_match(s.T, root, q, 0, n, self._page, self._tick())
+        out = np.empty(q.shape[0] if s.has_values else 0, np.int64)
+        length, v, gen = K.pc_match_one(s.T, root, q, self._page, out)
+        if length < 0:
+            s.reserve(nodes=1)
+            length, v, gen = K.pc_match_one(s.T, root, q, self._page, out)
         st = self._stats
         st["lookups"] += 1
         st["query_tokens"] += q.shape[0]
         st["hit_tokens"] += length
-        return Match(int(length), self._handle(v), self._path_values(v, length))
-
-    def _path_values(self, v, length):
-        if not self.has_values:
-            return None
-        out = np.empty(length, np.int64)
-        s = self._s
-        K.pc_path_values(s.start, s.length, s.parent, s.values, v, length, out)
-        return out
+        return Match(length, (int(gen) << _GEN_SHIFT) | v, out[:length] if s.has_values else None)
 
     def match_batch(self, batch, namespace=0):
         """Match lengths for many requests, exactly as a loop of ``match``
@@ -233,10 +223,12 @@ class PrefixCache:
         if self._capacity is not None and n:
             evicted = self._make_room(self._root(namespace, create=False), q, n)
         root = self._root(namespace)
-        s.reserve(tokens=n, nodes=2)
-        v, cached = K.insert_one(s.T, root, q, 0, n, vals, 0, self._page, True, self._tick())
-        self._stats["inserted_tokens"] += n - int(cached)
-        return InsertResult(int(cached), self._handle(v), evicted)
+        cached, v, gen = K.pc_insert_one(s.T, root, q, n, vals, self._page)
+        if cached < 0:
+            s.reserve(tokens=n, nodes=2)
+            cached, v, gen = K.pc_insert_one(s.T, root, q, n, vals, self._page)
+        self._stats["inserted_tokens"] += n - cached
+        return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, evicted)
 
     def _check_values(self, values, n):
         if not self.has_values:
