@@ -44,6 +44,7 @@ M_HEAP_SIZE = 8     # entries in the LRU heap
 M_LOCKED_TOKENS = 9  # tokens in nodes with lock > 0
 M_CLOCK = 10        # logical clock of the prefix cache
 M_ROOTS = 11        # namespace roots allocated
+M_TOKENS_INSERTED = 12  # every token ever handed to insert (for footprint studies)
 META_SIZE = 16
 
 FREE = -1           # length of a free node
@@ -624,6 +625,39 @@ def children_csr(length, parent, node_end):
             order[fill[parent[c]]] = c
             fill[parent[c]] += 1
     return offsets, order
+
+
+@njit(cache=True)
+def compact_spans(T, new_tokens, new_values):
+    """Copy every live span into ``new_tokens`` (and its values into
+    ``new_values``) depth-first, each parent's span right before its first
+    child's, and point ``start`` at the copies. Returns the tokens written."""
+    (tokens, values, start, length, parent, nchild, cxor, term, table,
+     lock, stamp, hpos, heap, gen, own, meta) = T
+    node_end = meta[M_NODE_END]
+    offsets, order = children_csr(length, parent, node_end)
+    stack = np.empty(node_end + 1, np.int64)
+    keep_values = new_values.shape[0] > 0
+    pos = 0
+    for r in range(node_end):
+        if parent[r] != -1 or length[r] != 0:
+            continue  # not a root
+        top = 0
+        stack[0] = r
+        while top >= 0:
+            v = stack[top]
+            top -= 1
+            if parent[v] >= 0:
+                L = length[v]
+                _copy(new_tokens, pos, tokens, start[v], L)
+                if keep_values:
+                    _copy(new_values, pos, values, start[v], L)
+                start[v] = pos
+                pos += L
+            for j in range(offsets[v + 1] - 1, offsets[v] - 1, -1):
+                top += 1
+                stack[top] = order[j]
+    return pos
 
 
 @njit(cache=True)

@@ -42,6 +42,7 @@ class TreeStorage:
         self.has_values = bool(values)
         self.track = bool(track)
         self.page_size = int(page_size)
+        self.readonly = False
         ncap = max(int(node_capacity), _MIN_NODES)
         tcap = max(int(token_capacity), _MIN_TOKENS)
         self.tokens = np.zeros(tcap, self.dtype)
@@ -185,6 +186,56 @@ class TreeStorage:
                          "allocated_bytes": arr.nbytes}
         return out
 
+    def compact(self):
+        """Rewrite the token (and value) buffer with only live spans, laid
+        out depth-first, and shrink every array to what is used plus a
+        quarter of headroom. Node ids (and so handles) do not change."""
+        live = int(self.meta[K.M_TOKENS])
+        cap = max(_MIN_TOKENS, live + live // 4)
+        new_tokens = np.zeros(cap, self.dtype)
+        new_values = np.zeros(cap if self.has_values else 0, np.int64)
+        used = K.compact_spans(self.T, new_tokens, new_values)
+        assert used == live, "compaction copied every live token"
+        self.tokens, self.values = new_tokens, new_values
+        self.meta[K.M_TOK_USED] = live
+        self.meta[K.M_DEAD_TOKENS] = 0
+        end = self.node_end
+        ncap = max(_MIN_NODES, end + end // 4)
+        names = self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ())
+        for name in names:
+            setattr(self, name, _resized(getattr(self, name), ncap, end))
+        self.term = _resized(self.term, (ncap + 7) // 8, (end + 7) // 8)
+        nodes = int(self.meta[K.M_NODES])
+        self._rebuild_table(_smallest_table_for(nodes + nodes // 4))
+        self._pack()
+
+    def memory_report(self):
+        """Bytes of the arrays (used vs allocated) and what they hold."""
+        arrays = self.array_usage()
+        used = sum(a["used_bytes"] for a in arrays.values())
+        total = sum(a["allocated_bytes"] for a in arrays.values())
+        stored = int(self.meta[K.M_TOKENS])
+        inserted = int(self.meta[K.M_TOKENS_INSERTED])
+        nodes = int(self.meta[K.M_NODES])
+        per_token = arrays["tokens"]["used_bytes"] + arrays["values"]["used_bytes"]
+        return {
+            "total_bytes": total,
+            "used_bytes": used,
+            "slack_bytes": total - used,
+            "tokens_inserted": inserted,
+            "tokens_stored": stored,
+            "dead_tokens": int(self.meta[K.M_DEAD_TOKENS]),
+            "nodes": nodes,
+            "bytes_per_stored_token": used / stored if stored else 0.0,
+            "bytes_per_node": (used - per_token) / nodes if nodes else 0.0,
+            "compression_ratio": inserted / stored if stored else 0.0,
+            "arrays": arrays,
+            "counts": ("NumPy array bytes only: 'used' is each array up to its high-water mark "
+                       "(dead token runs included until compact()), the child hash table whole; "
+                       "'total' is what is allocated. Python object overhead (about a kilobyte "
+                       "per cache) is not counted."),
+        }
+
     # ------------------------------------------------------------ views
     def live_mask(self):
         """Boolean mask over node ids < node_end of live non-root nodes."""
@@ -200,6 +251,14 @@ class TreeStorage:
 def _table_size_for(entries):
     size = 16
     while entries * 10 > size * 7 or size < 2 * entries:
+        size *= 2
+    return size
+
+
+def _smallest_table_for(entries):
+    """Smallest table holding ``entries`` under the 0.7 load limit."""
+    size = 16
+    while entries * 10 > size * 7:
         size *= 2
     return size
 

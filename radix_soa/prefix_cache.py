@@ -12,10 +12,11 @@ import operator
 import numpy as np
 
 from . import _kernels as K
+from ._base import TreeCache
 from ._invariants import InvariantError, check_tree
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage
-from .batch import as_batches
+from .batch import as_batches, use_parallel
 from .reference_prefix import CacheFullError, EvictResult, InsertResult, Match
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
@@ -25,7 +26,7 @@ _ID_MASK = (1 << _GEN_SHIFT) - 1
 _STATS = ("lookups", "query_tokens", "hit_tokens", "inserted_tokens", "evicted_tokens")
 
 
-class PrefixCache:
+class PrefixCache(TreeCache):
     """The longest cached prefix of a request, where its KV cache lives, and
     what to evict when full.
 
@@ -157,6 +158,7 @@ class PrefixCache:
         ends exactly at ``length``; the path's access time is refreshed.
         ``length == 0`` gives the namespace's root handle.
         """
+        self._writable()
         q = as_tokens(tokens)
         root = self._root(namespace)
         s = self._s
@@ -171,15 +173,46 @@ class PrefixCache:
         st["hit_tokens"] += length
         return Match(length, (int(gen) << _GEN_SHIFT) | v, out[:length] if s.has_values else None)
 
+    def match_length(self, tokens, namespace=0):
+        """Length of the longest cached whole-page prefix of ``tokens``, read
+        only: no split, no recency refresh, no stats (for schedulers and
+        studies; also works on a memory-mapped cache).
+
+        >>> pc = PrefixCache(values=False); _ = pc.insert([1, 2, 3])
+        >>> pc.match_length([1, 2, 7]), pc.num_nodes
+        (2, 1)
+        """
+        q = as_tokens(tokens)
+        root = self._root(namespace, create=False)
+        if root is None:
+            return 0
+        s = self._s
+        return int(K.match_one(*s.M, root, q, 0, q.shape[0], self._page))
+
+    def match_length_batch(self, batch, namespace=0, parallel=None):
+        """``match_length`` for every sequence of ``batch`` (an int64 array),
+        in parallel for large batches (see ``RadixCache.exists_batch``)."""
+        batches = as_batches(batch)
+        root = self._root(namespace, create=False)
+        kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
+        s = self._s
+        out = []
+        for b in batches:
+            res = np.zeros(len(b), np.int64)
+            if root is not None:
+                kernel(*s.M, root, b.flat, b.offsets, self._page, res)
+            out.append(res)
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
     def match_batch(self, batch, namespace=0):
         """Match lengths for many requests, exactly as a loop of ``match``
         (same splits, same recency updates, same stats), in one call.
 
         ``batch``: anything ``RadixCache.exists_batch`` takes.
         """
+        self._writable()
         batches = as_batches(batch)
         root = self._root(namespace)
-        s = self._s
         out = []
         for b in batches:
             res = self._match_csr(root, b.flat, b.offsets)
@@ -214,10 +247,12 @@ class PrefixCache:
         under ``capacity`` freed, as an ``EvictResult``. Raises
         ``CacheFullError`` (changing nothing) when locked tokens leave no room.
         """
+        self._writable()
         q = as_tokens(tokens)
         s = self._s
         check_fits(q, s.dtype)
         vals = self._check_values(values, q.shape[0])
+        s.meta[K.M_TOKENS_INSERTED] += q.shape[0]
         n = self._aligned(q.shape[0])
         evicted = self._nothing_evicted()
         if self._capacity is not None and n:
@@ -275,12 +310,14 @@ class PrefixCache:
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
         each ``lock`` needs its ``unlock``)."""
+        self._writable()
         v = self._resolve(node)
         if self._s.parent[v] >= 0:
             K.pc_lock(self._s.T, v, 1)
 
     def unlock(self, node):
         """Release one ``lock`` of ``node``; ``ValueError`` if it holds none."""
+        self._writable()
         v = self._resolve(node)
         if self._s.parent[v] < 0:
             return
@@ -293,6 +330,7 @@ class PrefixCache:
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the least recently used unlocked
         leaves: ``EvictResult(num_tokens, values)`` with the freed values."""
+        self._writable()
         n = operator.index(num_tokens)
         if n < 0:
             raise ValueError(f"cannot evict a negative number of tokens ({n})")
@@ -303,6 +341,19 @@ class PrefixCache:
         freed = int(K.pc_evict(s.T, n, self._page, out))
         self._stats["evicted_tokens"] += freed
         return EvictResult(freed, out[:freed] if self.has_values else None)
+
+    # ------------------------------------------------------------ state
+    def _extra_state(self):
+        return {"capacity": self._capacity, "page_size": self._page,
+                "roots": [[ns, int(r)] for ns, r in self._roots.items()],
+                "stats": dict(self._stats)}
+
+    def _restore_state(self, state):
+        self._capacity = state.get("capacity")
+        self._page = int(state.get("page_size", self._s.page_size))
+        self._roots = {ns: int(r) for ns, r in state.get("roots", [[0, self._s.root]])}
+        self._stats = dict.fromkeys(_STATS, 0)
+        self._stats.update(state.get("stats", {}))
 
     # ------------------------------------------------------------ checks
     def check_invariants(self, full=True):

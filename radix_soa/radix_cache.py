@@ -5,11 +5,12 @@ import numpy as np
 from . import _kernels as K
 from ._sequence import as_tokens, check_fits
 from .batch import as_batches, use_parallel
+from ._base import TreeCache
 from ._storage import TreeStorage, run_batch
 from ._invariants import check_tree
 
 
-class RadixCache:
+class RadixCache(TreeCache):
     """A set of integer token sequences in a struct-of-arrays radix tree.
 
     Shared prefixes are stored once; a node splits where two sequences
@@ -87,12 +88,14 @@ class RadixCache:
         Raises ``ValueError`` for an empty sequence and ``OverflowError`` for
         a token outside the dtype; the tree is unchanged after an error.
         """
+        self._writable()
         q = as_tokens(sequence)
         n = q.shape[0]
         if n == 0:
             raise ValueError("cannot insert an empty sequence")
         s = self._s
         check_fits(q, s.dtype)
+        s.meta[K.M_TOKENS_INSERTED] += n
         status = K.radix_insert(s.T, s.root, q)
         if status < 0:
             s.reserve(tokens=n, nodes=2)
@@ -105,6 +108,7 @@ class RadixCache:
         The tree stays canonical: the dead tail is pruned and a node left
         with one child and no terminal mark merges with that child.
         """
+        self._writable()
         q = as_tokens(sequence)
         s = self._s
         while True:
@@ -128,6 +132,7 @@ class RadixCache:
         >>> rc.insert_batch([[1, 2, 3], [1, 2], [1, 2, 3]]).tolist()
         [True, True, False]
         """
+        self._writable()
         batches = as_batches(batch)
         for b in batches:
             lengths = b.lengths
@@ -136,6 +141,7 @@ class RadixCache:
                                  f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
             check_fits(b.flat, self._s.dtype)
         s = self._s
+        s.meta[K.M_TOKENS_INSERTED] += sum(b.num_tokens for b in batches)
         out = []
         for b in batches:
             new = np.zeros(len(b), np.bool_)
