@@ -252,7 +252,6 @@ class PrefixCache(TreeCache):
         s = self._s
         check_fits(q, s.dtype)
         vals = self._check_values(values, q.shape[0])
-        s.meta[K.M_TOKENS_INSERTED] += q.shape[0]
         n = self._aligned(q.shape[0])
         evicted = self._nothing_evicted()
         if self._capacity is not None and n:
@@ -263,6 +262,7 @@ class PrefixCache(TreeCache):
             s.reserve(tokens=n, nodes=2)
             cached, v, gen = K.pc_insert_one(s.T, root, q, n, vals, self._page)
         self._stats["inserted_tokens"] += n - cached
+        s.meta[K.M_TOKENS_INSERTED] += q.shape[0]
         return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, evicted)
 
     def _check_values(self, values, n):
