@@ -228,7 +228,58 @@ def section_prefix(repeat):
               f"{rest / pc.num_nodes:.1f} bytes per node ({pc.num_nodes:,} nodes)")
 
 
-SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix}
+def section_memory(repeat):
+    import tempfile
+
+    from radix_soa.reference import ReferenceRadixTree
+    import tracemalloc
+
+    radix_soa.warmup()
+    seqs = common.sequences("shared_prefix")
+    print("\n[memory] shared_prefix workload (20,000 sequences)")
+    for dtype, width in (("int64", 8), ("int32", 4)):
+        rc = radix_soa.RadixCache(dtype=dtype)
+        rc.insert_batch(seqs)
+        rep = rc.memory_report()
+        budget = width * rep["tokens_stored"] + 48 * rep["nodes"]
+        print(f"  {dtype}: used {rep['used_bytes']:,} bytes = {rep['used_bytes'] / budget:.3f} of the "
+              f"budget {width} B/token + 48 B/node ({rep['bytes_per_node']:.1f} B per node)")
+        if dtype == "int64":
+            ours = rep["used_bytes"]
+    tracemalloc.start()
+    ref = ReferenceRadixTree()
+    for s in seqs:
+        ref.insert(s)
+    ref_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    print(f"  pure-Python object radix tree: {ref_bytes:,} bytes (tracemalloc) = "
+          f"{ref_bytes / ours:.1f}x the int64 tree's used bytes")
+
+    print("\n[memory] load(mmap=True) of a tree with ~10^7 stored tokens")
+    big = radix_soa.workloads.shared_prefix(n_sequences=25_000, tail_len=(300, 500), seed=3)
+    batch = radix_soa.pack(big)
+    rc = radix_soa.RadixCache()
+    rc.insert_batch(batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        rc.save(tmp + "/t")
+        loads, ratios = [], []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            mm = radix_soa.RadixCache.load(tmp + "/t", mmap=True)
+            loads.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            mm.exists_batch(batch, parallel=False)
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rc.exists_batch(batch, parallel=False)
+            ratios.append(first / (time.perf_counter() - t0))
+            del mm
+        print(f"  {rc.num_tokens:,} stored tokens: mmap load {min(loads) * 1e3:.1f} ms; first "
+              f"exists_batch on it {np.median(ratios):.2f}x the in-memory tree's (median of {repeat})")
+
+
+SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
+            "memory": section_memory}
 
 
 def main():

@@ -26,12 +26,15 @@ class TreeCache:
         """
         return self._s.memory_report()
 
-    def compact(self):
+    def compact(self, headroom=0.25):
         """Reclaim dead token runs (left by removes, merges and evictions) and
-        slack: every array shrinks to what is used plus a quarter of
-        headroom. Contents, values, locks and node handles are unchanged."""
+        slack: every array shrinks to what is used plus ``headroom`` (a
+        fraction; 0 for the leanest tree, e.g. before saving or measuring).
+        Contents, values, locks and node handles are unchanged."""
+        if not 0 <= headroom <= 4:
+            raise ValueError(f"headroom must be a fraction in [0, 4]; got {headroom}")
         self._writable()
-        self._s.compact()
+        self._s.compact(headroom)
 
     # ------------------------------------------------------------ persistence
     @property

@@ -186,12 +186,13 @@ class TreeStorage:
                          "allocated_bytes": arr.nbytes}
         return out
 
-    def compact(self):
+    def compact(self, headroom=0.25):
         """Rewrite the token (and value) buffer with only live spans, laid
-        out depth-first, and shrink every array to what is used plus a
-        quarter of headroom. Node ids (and so handles) do not change."""
+        out depth-first, and shrink every array to what is used plus
+        ``headroom`` (a fraction). Node ids (and so handles) do not change."""
+        extra = float(headroom)
         live = int(self.meta[K.M_TOKENS])
-        cap = max(_MIN_TOKENS, live + live // 4)
+        cap = max(_MIN_TOKENS, live + int(live * extra))
         new_tokens = np.zeros(cap, self.dtype)
         new_values = np.zeros(cap if self.has_values else 0, np.int64)
         used = K.compact_spans(self.T, new_tokens, new_values)
@@ -200,13 +201,13 @@ class TreeStorage:
         self.meta[K.M_TOK_USED] = live
         self.meta[K.M_DEAD_TOKENS] = 0
         end = self.node_end
-        ncap = max(_MIN_NODES, end + end // 4)
+        ncap = max(_MIN_NODES, end + int(end * extra))
         names = self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ())
         for name in names:
             setattr(self, name, _resized(getattr(self, name), ncap, end))
         self.term = _resized(self.term, (ncap + 7) // 8, (end + 7) // 8)
         nodes = int(self.meta[K.M_NODES])
-        self._rebuild_table(_smallest_table_for(nodes + nodes // 4))
+        self._rebuild_table(_smallest_table_for(nodes + int(nodes * extra)))
         self._pack()
 
     def memory_report(self):

@@ -1,5 +1,8 @@
 """Compile (or load from Numba's on-disk cache) every kernel on tiny inputs."""
 
+import os
+import tempfile
+
 import numpy as np
 
 
@@ -28,6 +31,16 @@ def warmup(dtypes=(np.int64,)):
         for parallel in (False, True):
             rc.exists_batch([[1, 2], [3]], parallel=parallel)
             rc.match_prefix_batch([[1, 2], [3]], parallel=parallel)
+        # memory-mapped trees hand read-only arrays to the kernels
+        with tempfile.TemporaryDirectory() as tmp:
+            rc.save(os.path.join(tmp, "t"))
+            ro = RadixCache.load(os.path.join(tmp, "t"), mmap=True)
+            ro.exists([1, 2])
+            ro.match_prefix([1, 2])
+            ro.to_csr()
+            for parallel in (False, True):
+                ro.exists_batch([[1, 2], [3]], parallel=parallel)
+                ro.match_prefix_batch([[1, 2], [3]], parallel=parallel)
         for values in (True, False):
             pc = PrefixCache(capacity=8, values=values, dtype=dtype)
             vals = (lambda n: list(range(n))) if values else (lambda n: None)
@@ -37,5 +50,7 @@ def warmup(dtypes=(np.int64,)):
             pc.insert([5, 6, 7, 8], values=vals(4))
             pc.unlock(m.node)
             pc.match_batch([[1, 2], [5]])
+            pc.match_length([1, 2])
+            pc.match_length_batch([[1, 2], [5]])
             pc.evict(2)
     return len(dtypes)
