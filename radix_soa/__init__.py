@@ -13,8 +13,10 @@ from .batch import Batch, pack
 from ._warmup import warmup
 from .radix_cache import RadixCache
 from .prefix_cache import CacheFullError, EvictResult, InsertResult, Match, PrefixCache
-from . import workloads
+from . import schedule, traces, workloads
+from .replay import ReplayResult, SweepResult, replay, sweep
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
-           "Match", "EvictResult", "InvariantError", "warmup"]
+           "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
+           "SweepResult", "schedule", "traces", "workloads"]
 __version__ = "0.1.0"

@@ -246,6 +246,16 @@ class ReferencePrefixCache:
             raise ValueError("stale node handle: evicted, or from another cache")
 
     # ------------------------------------------------------------ match
+    def match_length(self, tokens, namespace=0):
+        """Length of the longest cached page-aligned prefix, read only (no
+        split, no clock tick, no stats)."""
+        t, _ = self._tokens(tokens)
+        root = self._roots.get(namespace if isinstance(namespace, str) else operator.index(namespace))
+        if root is None:
+            return 0
+        node, pos, x, k = self._descend(root, t)
+        return pos + k
+
     def match(self, tokens, namespace=0):
         """The longest cached page-aligned prefix of ``tokens``.
 

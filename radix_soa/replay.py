@@ -1,0 +1,304 @@
+"""Replaying request traces against a prefix cache: hit rates, saved
+prefill, evictions and the index's memory, in one compiled call per replay.
+
+>>> from radix_soa import workloads
+>>> seqs = workloads.shared_prefix(n_sequences=200, n_prompts=4, prompt_len=400, tail_len=(20, 50))
+>>> full = replay(seqs)                  # unbounded: every repeated prompt token hits
+>>> small = replay(seqs, capacity=1000)  # LRU under a capacity
+>>> full.requests, round(full.hit_rate, 2), small.hit_rate < full.hit_rate
+(200, 0.9, True)
+>>> table = sweep(seqs, [500, 1000, 2000])
+>>> [row["capacity"] for row in table.rows]
+[500, 1000, 2000]
+"""
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _kernels as K
+from ._storage import TreeStorage
+from .batch import as_batches
+from .traces import Trace
+
+__all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES"]
+
+SCHEDULES = {"fcfs": K.POLICY_FCFS, "lpm": K.POLICY_LPM, "dfs": K.POLICY_DFS}
+DEFAULT_WINDOW = 64
+
+
+@dataclass
+class ReplayResult:
+    """What a replay measured. Token counts are in the trace's id units
+    (blocks for block-hash traces, tokens for token traces) unless the name
+    says ``prefill``; ``block_size`` converts."""
+
+    requests: int
+    capacity: object
+    host_capacity: object
+    page_size: int
+    schedule: str
+    window: int
+    block_size: int
+    total_tokens: int
+    hit_tokens: int
+    host_hit_tokens: int
+    request_hit_rate: float
+    prefill_tokens: int
+    prefill_tokens_saved: int
+    rejected: int
+    evicted_tokens: int
+    host_evicted_tokens: int
+    peak_tokens: int
+    final_tokens: int
+    peak_index_bytes: int
+    final_index_bytes: int
+    seconds: float
+    hits: np.ndarray = field(repr=False)
+    host_hits: np.ndarray = field(repr=False)
+    order: np.ndarray = field(repr=False)
+
+    @property
+    def hit_rate(self):
+        """Device hits / all request tokens (ids)."""
+        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def host_hit_rate(self):
+        """Tokens loaded back from the host tier / all request tokens."""
+        return self.host_hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def combined_hit_rate(self):
+        return self.hit_rate + self.host_hit_rate
+
+    @property
+    def prefill_saved_fraction(self):
+        return self.prefill_tokens_saved / self.prefill_tokens if self.prefill_tokens else 0.0
+
+    def summary(self):
+        """The scalar results as a dict (per-request arrays left out)."""
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, np.ndarray)}
+        out.update(hit_rate=self.hit_rate, host_hit_rate=self.host_hit_rate,
+                   combined_hit_rate=self.combined_hit_rate,
+                   prefill_saved_fraction=self.prefill_saved_fraction)
+        return out
+
+
+def _as_trace(trace):
+    """A ``Trace`` as is; any batch input as a one-namespace token trace."""
+    if isinstance(trace, Trace):
+        return trace
+    batches = as_batches(trace)
+    if len(batches) != 1:
+        from .batch import pack
+        batches = [pack([s for b in batches for s in b])]
+    b = batches[0]
+    n = len(b)
+    flat = b.flat.astype(np.int64, copy=False)
+    return Trace(name="sequences", flat=flat, offsets=b.offsets, timestamps=np.zeros(n),
+                 input_tokens=b.lengths.astype(np.int64), output_tokens=np.zeros(n, np.int64),
+                 namespace=np.zeros(n, np.int64), block_size=1)
+
+
+def _check_capacity(name, value):
+    if value is None:
+        return -1
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an int or None; got {value!r}") from None
+    if v != value or v < 0:
+        raise ValueError(f"{name} must be a non-negative int or None; got {value!r}")
+    return v
+
+
+def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
+           window=DEFAULT_WINDOW):
+    """Replay ``trace`` against an LRU prefix cache of ``capacity`` tokens.
+
+    ``trace``: a ``radix_soa.traces.Trace`` (its namespaces are kept apart)
+    or anything ``radix_soa.pack`` takes (one namespace). ``capacity`` and
+    ``host_capacity`` are in the trace's id units (``None``: unbounded;
+    ``host_capacity=None`` with no host wanted: pass ``host_capacity=0``...
+    no: leave it ``None`` for no host tier and give a number for one).
+
+    Each request, in the order ``schedule`` picks, is handled like
+    ``PrefixCache.match`` then ``PrefixCache.insert``:
+
+    - **hit definition**: the request's device hit is the length of the
+      longest prefix (whole pages) of its ids already in the device cache
+      when it is scheduled; with a host tier, ids beyond that prefix found in
+      the host tier count as host hits (loaded back rather than recomputed).
+      ``hit_rate`` = device hits / all ids; ``request_hit_rate`` = share of
+      requests with any device hit; ``prefill_tokens_saved`` converts hits to
+      tokens (``hits * block_size``, at most each request's input tokens).
+    - then the request is inserted; the cache first evicts least recently
+      used leaf tails to stay within ``capacity`` (never the request's own
+      prefix); a request whose new ids cannot fit even then is not cached
+      (``rejected``).
+    - **host tier**: what the device evicts is inserted (with its whole
+      prefix) into a second LRU cache of ``host_capacity``, whose own
+      evictions are dropped.
+
+    ``schedule``: ``"fcfs"`` (arrival order), ``"lpm"`` (of the ``window``
+    oldest waiting requests, the one with the longest device match runs
+    next) or ``"dfs"`` (arrival order cut into windows of ``window``
+    requests, each run in depth-first order of its prefix trie, so requests
+    sharing a prefix run back to back).
+    """
+    tr = _as_trace(trace)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}; got {schedule!r}")
+    page = int(page_size)
+    if page != page_size or page < 1:
+        raise ValueError(f"page_size must be a positive int; got {page_size!r}")
+    window = int(window)
+    if window < 1:
+        raise ValueError(f"window must be >= 1; got {window}")
+    cap = _check_capacity("capacity", capacity)
+    hcap = _check_capacity("host_capacity", host_capacity)
+    has_host = host_capacity is not None
+    n = len(tr)
+    if n == 0:
+        raise ValueError("cannot replay an empty trace")
+    flat = np.ascontiguousarray(tr.flat, dtype=np.int64)
+    offsets = np.ascontiguousarray(tr.offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    max_len = int(lengths.max())
+
+    t0 = time.perf_counter()
+    dev = TreeStorage(np.int64, values=has_host, track=True, page_size=page)
+    host = TreeStorage(np.int64, values=False, track=True, page_size=page)
+    roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
+    positions = np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0]
+    order = np.arange(n, dtype=np.int64)
+    if schedule == "dfs":
+        K.dfs_order(flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window, order)
+    win = np.full(window, -1, np.int64)
+    params = np.zeros(8, np.int64)
+    params[K.P_PAGE] = page
+    params[K.P_CAPACITY] = cap
+    params[K.P_HOST_CAPACITY] = hcap
+    params[K.P_HOST] = int(has_host)
+    params[K.P_POLICY] = SCHEDULES[schedule]
+    params[K.P_WINDOW] = window
+    params[K.P_MAX_LEN] = max_len
+    state = np.zeros(K.STATE_SIZE, np.int64)
+    hits = np.zeros(n, np.int64)
+    host_hits = np.zeros(n, np.int64)
+    rejected = np.zeros(n, np.bool_)
+    evict_out = np.empty(max_len if has_host else 0, np.int64)
+    peak_bytes = 0
+    while True:
+        status = K.replay_run(dev.T, host.T, roots_d, roots_h, flat, offsets, positions, order, win,
+                              params, state, hits, host_hits, rejected, evict_out)
+        peak_bytes = max(peak_bytes, _used(dev) + (_used(host) if has_host else 0))
+        if status == K.RUN_DONE:
+            break
+        store = dev if status == K.RUN_DEVICE_ROOM else host
+        _make_room(store, max_len)
+    seconds = time.perf_counter() - t0
+
+    total = int(lengths.sum())
+    bs = int(tr.block_size)
+    inputs = np.asarray(tr.input_tokens, dtype=np.int64)
+    saved = np.minimum((hits + host_hits) * bs, inputs)
+    final_bytes = _used(dev) + (_used(host) if has_host else 0)
+    return ReplayResult(
+        requests=n, capacity=capacity, host_capacity=host_capacity, page_size=page,
+        schedule=schedule, window=window, block_size=bs, total_tokens=total,
+        hit_tokens=int(hits.sum()), host_hit_tokens=int(host_hits.sum()),
+        request_hit_rate=float((hits > 0).mean()), prefill_tokens=int(inputs.sum()),
+        prefill_tokens_saved=int(saved.sum()), rejected=int(rejected.sum()),
+        evicted_tokens=int(state[K.S_INSERTED] - dev.meta[K.M_TOKENS]),
+        host_evicted_tokens=int(state[K.S_HOST_INSERTED] - host.meta[K.M_TOKENS]),
+        peak_tokens=int(state[K.S_PEAK]), final_tokens=int(dev.meta[K.M_TOKENS]),
+        peak_index_bytes=max(peak_bytes, final_bytes), final_index_bytes=final_bytes,
+        seconds=seconds, hits=hits, host_hits=host_hits, order=order)
+
+
+def _roots(store, namespace):
+    ns = np.asarray(namespace, dtype=np.int64)
+    roots = np.empty(ns.shape[0], np.int64)
+    uniq, inverse = np.unique(ns, return_inverse=True)
+    ids = np.array([store.root] + [store.new_root() for _ in uniq[1:]], np.int64)
+    roots[:] = ids[inverse]
+    return roots
+
+
+def _used(store):
+    return sum(a["used_bytes"] for a in store.array_usage().values())
+
+
+def _make_room(store, max_len):
+    """Grow (or compact, when dead runs outweigh live tokens) before resuming."""
+    live = int(store.meta[K.M_TOKENS])
+    dead = int(store.meta[K.M_DEAD_TOKENS])
+    if dead > max(live, 1 << 16):
+        store.compact(0.5)
+    store.reserve(tokens=max_len, nodes=3)
+
+
+@dataclass
+class SweepResult:
+    """Replays of one trace over several capacities: ``rows`` (one dict per
+    capacity) and the ``results`` themselves."""
+
+    results: list
+
+    COLUMNS = ("capacity", "hit_rate", "host_hit_rate", "request_hit_rate",
+               "prefill_saved_fraction", "evicted_tokens", "rejected", "peak_index_bytes",
+               "seconds")
+
+    @property
+    def rows(self):
+        return [{c: r.summary()[c] for c in self.COLUMNS} for r in self.results]
+
+    def to_dict(self):
+        """Column name -> list of values (ready for ``pandas.DataFrame``)."""
+        rows = self.rows
+        return {c: [row[c] for row in rows] for c in self.COLUMNS}
+
+    def __str__(self):
+        head = ["capacity", "hit rate", "host hits", "req. hit", "prefill saved", "evicted",
+                "rejected", "index bytes", "ms"]
+        lines = ["  ".join(f"{h:>13}" for h in head)]
+        for r in self.rows:
+            cap = "unbounded" if r["capacity"] is None else f"{r['capacity']:,}"
+            cells = [cap, f"{r['hit_rate']:.4f}", f"{r['host_hit_rate']:.4f}",
+                     f"{r['request_hit_rate']:.4f}", f"{r['prefill_saved_fraction']:.4f}",
+                     f"{r['evicted_tokens']:,}", f"{r['rejected']:,}",
+                     f"{r['peak_index_bytes']:,}", f"{r['seconds'] * 1e3:.1f}"]
+            lines.append("  ".join(f"{c:>13}" for c in cells))
+        return "\n".join(lines)
+
+
+def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):
+    """``replay`` at each of ``capacities`` (other arguments as for
+    ``replay``), run on ``threads`` threads (default: the CPU count; the
+    replay kernel releases the GIL). ``progress`` is called with the number
+    of replays done after each one. Returns a ``SweepResult`` in the order
+    of ``capacities``.
+    """
+    tr = _as_trace(trace)
+    caps = list(capacities)
+    if not caps:
+        raise ValueError("capacities is empty")
+    threads = threads or min(len(caps), os.cpu_count() or 1)
+    done = [0]
+
+    def one(cap):
+        r = replay(tr, capacity=cap, **kwargs)
+        done[0] += 1
+        if progress is not None:
+            progress(done[0])
+        return r
+
+    if threads <= 1:
+        return SweepResult([one(c) for c in caps])
+    with ThreadPoolExecutor(threads) as pool:
+        return SweepResult(list(pool.map(one, caps)))
