@@ -238,7 +238,7 @@ def _make_room(store, max_len):
     """Grow (or compact, when dead runs outweigh live tokens) before resuming."""
     live = int(store.meta[K.M_TOKENS])
     dead = int(store.meta[K.M_DEAD_TOKENS])
-    if dead > max(live, 1 << 16):
+    if dead > max(live, 4096):
         store.compact(0.5)
     store.reserve(tokens=max_len, nodes=3)
 
