@@ -1,21 +1,56 @@
 """The ``radix-soa`` command.
 
-``radix-soa build`` (the default) builds a tree from a built-in, seeded
-shared-prefix workload and reports what it stored::
+``radix-soa study`` answers "how much prefill would a prefix cache of this
+size save on this traffic, and what does the index cost?": it replays a
+built-in seeded workload or a real trace against LRU prefix caches over a
+range of capacities and prints the hit-rate table and the index's memory::
+
+    $ radix-soa study                                   # built-in multi_turn workload
+    $ radix-soa study --workload agent --points 6
+    $ radix-soa study --trace conversation_trace.jsonl --format mooncake --plot hits.png
+    $ radix-soa study --json > study.json
+
+``radix-soa build`` (still the default when no subcommand is given) builds a
+tree from a built-in, seeded shared-prefix workload and reports what it
+stored::
 
     $ radix-soa build --sequences 2000
+
+Exit status: 0 on success, 2 for bad usage or bad input (one line on stderr
+starting with ``radix-soa: error:``), 1 if ``build`` finds a sequence missing.
 """
 
 import argparse
 import json
+import math
+import os
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
-from . import workloads
+from . import traces, workloads
 from .radix_cache import RadixCache
 
+PROG = "radix-soa"
+
+
+class _UsageError(Exception):
+    """A bad combination of options (exit 2, one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``radix-soa: error: ...`` and exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+# ----------------------------------------------------------------------------
+# build
+# ----------------------------------------------------------------------------
 
 def _build(args):
     t0 = time.perf_counter()
@@ -65,12 +100,468 @@ def _build(args):
     return 0 if report["all_found"] else 1
 
 
+# ----------------------------------------------------------------------------
+# study: inputs
+# ----------------------------------------------------------------------------
+
+DEFAULT_WORKLOAD = "multi_turn"
+DEFAULT_REQUESTS = 2000
+DEFAULT_POINTS = 10
+#: The smallest capacity of the default sweep, as a fraction of the footprint.
+SMALLEST_FRACTION = 1 / 32
+
+# How ``--requests N`` maps onto each generator. Generators that count
+# requests take N directly; the session-based ones (whose requests interleave
+# in time) are asked for enough sessions and the first N requests to arrive
+# are kept. The number is an initial guess of requests per session.
+_REQUEST_PARAM = {
+    "chat": ("n_sequences", None),
+    "few_shot": ("n_requests", None),
+    "long_prefix": ("n_sequences", None),
+    "multi_turn": ("n_conversations", 7),   # turns (2, 12) -> about 7 requests each
+    "agent": ("n_sessions", 36),            # steps (5, 40) plus forked sub-agent steps
+}
+
+
+def _nonneg_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _pos_int(text):
+    v = _nonneg_int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _capacity_list(text):
+    """``"1000,2_000,5000"`` -> sorted distinct non-negative ints."""
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError("expected a comma-separated list of integers")
+    caps = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"capacity {p!r} is not an integer (capacities are whole ids, "
+                f"e.g. --capacities 1000,5000,20000)") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"capacity must be >= 0, got {v}")
+        caps.append(v)
+    return sorted(set(caps))
+
+
+def _check_study_args(args):
+    if args.trace is not None:
+        if args.format is None:
+            raise _UsageError(f"--trace needs --format ({', '.join(traces.FORMATS)})")
+        if args.workload is not None:
+            raise _UsageError("give either --workload or --trace, not both")
+        for opt, v in (("--requests", args.requests), ("--seed", args.seed)):
+            if v is not None:
+                raise _UsageError(f"{opt} applies to built-in workloads, not to --trace")
+    elif args.format is not None:
+        raise _UsageError("--format needs --trace PATH")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise _UsageError("--plot needs matplotlib: pip install radix-soa[plot]") from None
+        from matplotlib.backend_bases import FigureCanvasBase
+        supported = FigureCanvasBase.get_supported_filetypes()
+        suffix = Path(args.plot).suffix.lower().lstrip(".")
+        if suffix not in supported:
+            raise _UsageError(f"--plot: file name must end in one of "
+                              f"{', '.join('.' + k for k in sorted(supported))}; got {args.plot!r}")
+        parent = Path(args.plot).resolve().parent
+        if not parent.is_dir():
+            raise _UsageError(f"--plot: directory {str(parent)!r} does not exist")
+
+
+def _generated_trace(name, requests, seed):
+    """``requests`` requests of built-in workload ``name`` as a Trace, plus
+    a description of how they were made."""
+    param, per_session = _REQUEST_PARAM[name]
+    gen = workloads.GENERATORS[name]
+    if per_session is None:
+        kwargs = {param: requests, "seed": seed}
+        seqs = workloads.generate(name, **kwargs)
+        trace = workloads.as_trace(seqs, name, seed=seed)
+    else:
+        units = max(1, math.ceil(requests / per_session))
+        while True:
+            kwargs = {param: units, "seed": seed}
+            seqs, meta = workloads.generate(name, return_meta=True, **kwargs)
+            if len(seqs) >= requests:
+                break
+            units *= 2
+        trace = workloads.as_trace(seqs[:requests], name, seed=seed,
+                                   timestamps=meta["time"][:requests])
+    desc = {"source": "workload", "workload": name, "generator": gen.__name__,
+            "generator_args": kwargs, "seed": seed}
+    if per_session is not None:
+        desc["note"] = f"the first {requests} requests to arrive of {len(seqs)} generated"
+    return trace, desc
+
+
+def _load(args):
+    if args.trace is not None:
+        trace = traces.load_trace(args.trace, args.format)
+        return trace, {"source": "trace", "path": str(args.trace), "format": args.format}
+    name = args.workload or DEFAULT_WORKLOAD
+    requests = DEFAULT_REQUESTS if args.requests is None else args.requests
+    seed = 0 if args.seed is None else args.seed
+    return _generated_trace(name, requests, seed)
+
+
+def default_capacities(footprint, points=DEFAULT_POINTS):
+    """``points`` capacities spaced geometrically from ``footprint / 32`` to
+    ``footprint`` (rounded, distinct, at least 1).
+
+    >>> default_capacities(3200, 6)
+    [100, 200, 400, 800, 1600, 3200]
+    >>> default_capacities(3, 10)
+    [1, 2, 3]
+    """
+    footprint = int(footprint)
+    if footprint <= 0:
+        return [0]
+    if points == 1:
+        return [footprint]
+    grid = np.geomspace(footprint * SMALLEST_FRACTION, footprint, points)
+    caps = {max(1, int(round(c))) for c in grid}
+    caps.add(footprint)
+    return sorted(caps)
+
+
+# ----------------------------------------------------------------------------
+# study: progress
+# ----------------------------------------------------------------------------
+
+class _Progress:
+    """Replays done, on stderr: a tqdm bar if tqdm is installed, else a
+    plain counter. ``set(k)`` is thread-safe (sweep calls it from workers)."""
+
+    def __init__(self, total, enabled):
+        self.total, self.enabled, self.done = total, enabled, 0
+        self._lock = threading.Lock()
+        self._bar = None
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._draw()
+        else:
+            self._bar = tqdm(total=total, desc=f"{PROG}: replays", unit="replay",
+                             file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def _draw(self):
+        sys.stderr.write(f"\r{PROG}: replay {self.done}/{self.total}")
+        sys.stderr.flush()
+
+    def set_total(self, total):
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
+    def set(self, done):
+        if not self.enabled:
+            return
+        with self._lock:
+            if done <= self.done:
+                return
+            step, self.done = done - self.done, done
+            if self._bar is not None:
+                self._bar.update(step)
+            else:
+                self._draw()
+
+    def close(self):
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\r" + " " * (len(PROG) + 32) + "\r")
+            sys.stderr.flush()
+
+
+def _progress_enabled(flag):
+    if flag is not None:
+        return flag
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------
+# study: the index's memory
+# ----------------------------------------------------------------------------
+
+_NS_SHIFT = 40
+
+
+def _namespaced_ids(trace):
+    """The trace's ids made distinct across namespaces, and how.
+
+    One namespace: the ids as they are. Several: ``id + (namespace << 40)``
+    when every id and namespace fits, else each distinct ``(namespace, id)``
+    pair renumbered densely. Either keeps the prefix structure within a
+    namespace and shares nothing across namespaces.
+    """
+    flat, ns = trace.flat, trace.namespace
+    uniq = np.unique(ns)
+    if uniq.size <= 1:
+        return flat, None
+    per_id = np.repeat(ns, np.diff(trace.offsets))
+    if flat.min() >= 0 and flat.max() < (1 << _NS_SHIFT) and 0 <= uniq[0] and \
+            uniq[-1] < (1 << (62 - _NS_SHIFT)):
+        return flat + (per_id << _NS_SHIFT), f"ids offset by namespace << {_NS_SHIFT}"
+    pairs = np.stack([per_id, flat], axis=1)
+    _, dense = np.unique(pairs, axis=0, return_inverse=True)
+    return dense.reshape(-1).astype(np.int64), "each (namespace, id) pair renumbered"
+
+
+def _index_memory(trace):
+    """memory_report of a RadixCache holding every request of ``trace``."""
+    flat, how = _namespaced_ids(trace)
+    rc = RadixCache()
+    rc.insert_batch((flat, trace.offsets))
+    report = rc.memory_report()
+    report["requests_inserted"] = len(trace)
+    report["distinct_requests"] = len(rc)
+    report["namespaces"] = int(np.unique(trace.namespace).size)
+    report["namespace_handling"] = how
+    return report
+
+
+# ----------------------------------------------------------------------------
+# study: output
+# ----------------------------------------------------------------------------
+
+def _units(block_size):
+    if block_size == 1:
+        return "ids", "ids (= tokens)"
+    return "blocks", f"{block_size}-token blocks"
+
+
+def _describe(desc, trace):
+    s = trace.summary()
+    n_ns = s["namespaces"]
+    if desc["source"] == "workload":
+        what = f"workload {desc['workload']} ({desc['generator']}, seed {desc['seed']})"
+    else:
+        what = f"trace {s['name']} ({desc['format']}: {desc['path']})"
+    block = ("block size 1 (one id per token)" if s["block_size"] == 1
+             else f"block size {s['block_size']} tokens (one id per block)")
+    distinct = f" ({s['unique_ids']:,} distinct)" if s["block_size"] > 1 else ""
+    return (f"{what}: {s['requests']:,} requests, {s['total_blocks']:,} ids{distinct}, "
+            f"{block}, {n_ns} namespace{'s' if n_ns != 1 else ''}")
+
+
+def _settings_line(args, unit_long, footprint, unbounded):
+    host = ("no host tier" if args.host_capacity is None
+            else f"host tier {args.host_capacity:,}")
+    window = f", window {args.window}" if args.schedule != "fcfs" else ""
+    return (f"capacities in {unit_long}; unbounded footprint {footprint:,}, "
+            f"unbounded hit rate {unbounded.hit_rate:.4f}; schedule {args.schedule}{window}, "
+            f"page size {args.page_size}, {host}")
+
+
+def _memory_lines(mem, unit, block_size):
+    lines = ["index memory (a plain RadixCache holding every request, unbounded; the table's "
+             "index bytes are the replay's LRU cache, eviction bookkeeping included):"]
+    if mem["namespace_handling"]:
+        lines.append(f"  ids are per namespace: for this report only, "
+                     f"{mem['namespace_handling']} so the {mem['namespaces']} namespaces "
+                     f"share nothing")
+    rows = [
+        ("requests inserted", f"{mem['requests_inserted']:,} "
+                              f"({mem['distinct_requests']:,} distinct)"),
+        (f"{unit} inserted", f"{mem['tokens_inserted']:,}"),
+        (f"{unit} stored", f"{mem['tokens_stored']:,}"),
+        ("compression ratio", f"{mem['compression_ratio']:.2f}x (inserted / stored)"),
+        ("nodes", f"{mem['nodes']:,}"),
+        ("used bytes", f"{mem['used_bytes']:,} (allocated {mem['total_bytes']:,})"),
+        (f"bytes per stored {unit[:-1]}", f"{mem['bytes_per_stored_token']:.2f}"),
+        ("bytes per node", f"{mem['bytes_per_node']:.2f} (beyond the {unit} themselves)"),
+    ]
+    if block_size > 1 and mem["tokens_stored"]:
+        rows.append(("bytes per stored token",
+                     f"{mem['used_bytes'] / (mem['tokens_stored'] * block_size):.4f}"))
+    width = max(len(k) for k, _ in rows)
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return lines
+
+
+def _plot(path, sweep_result, unbounded, unit, unit_long, title):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = sweep_result.rows
+    caps = np.array([r["capacity"] for r in rows], dtype=float)
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(caps, [r["hit_rate"] for r in rows], "o-", label=f"hit rate (share of {unit})")
+    ax.plot(caps, [r["request_hit_rate"] for r in rows], "s--", alpha=0.7,
+            label="request hit rate")
+    if any(r["host_hit_rate"] for r in rows):
+        ax.plot(caps, [r["hit_rate"] + r["host_hit_rate"] for r in rows], "^-",
+                label="device + host hit rate")
+    ax.axhline(unbounded.hit_rate, color="grey", linestyle=":",
+               label=f"unbounded ({unbounded.hit_rate:.3f})")
+    positive = caps[caps > 0]
+    if positive.size >= 2 and positive.max() / positive.min() > 10 and positive.size == caps.size:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"cache capacity ({unit_long})")
+    ax.set_ylabel("hit rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _jsonable(x):
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+# ----------------------------------------------------------------------------
+# study
+# ----------------------------------------------------------------------------
+
+def _study(args):
+    from .replay import replay, sweep
+
+    _check_study_args(args)
+    t_start = time.perf_counter()
+    trace, desc = _load(args)
+    replay_args = dict(page_size=args.page_size, host_capacity=args.host_capacity,
+                       schedule=args.schedule, window=args.window)
+    n_caps = len(args.capacities) if args.capacities else args.points
+    progress = _Progress(1 + n_caps, _progress_enabled(args.progress))
+    try:
+        unbounded = replay(trace, **replay_args)
+        progress.set(1)
+        footprint = unbounded.peak_tokens
+        caps = args.capacities or default_capacities(footprint, args.points)
+        progress.set_total(1 + len(caps))
+        result = sweep(trace, caps, progress=lambda k: progress.set(1 + k), **replay_args)
+    finally:
+        progress.close()
+    mem = _index_memory(trace)
+    seconds = time.perf_counter() - t_start
+
+    unit, unit_long = _units(trace.block_size)
+    header = _describe(desc, trace)
+    settings = _settings_line(args, unit_long, footprint, unbounded)
+    if args.plot is not None:
+        title = (desc["workload"] if desc["source"] == "workload"
+                 else f"{trace.name} ({desc['format']})")
+        _plot(args.plot, result, unbounded, unit, unit_long, title)
+
+    if args.json:
+        doc = {
+            "workload": {**desc, **trace.summary()},
+            "units": unit_long,
+            "settings": {"schedule": args.schedule, "window": args.window,
+                         "page_size": args.page_size, "host_capacity": args.host_capacity},
+            "footprint": footprint,
+            "capacities": [r.capacity for r in result.results],
+            "unbounded": unbounded.summary(),
+            "sweep": [r.summary() for r in result.results],
+            "index_memory": mem,
+            "plot": None if args.plot is None else str(args.plot),
+            "seconds": seconds,
+        }
+        print(json.dumps(doc, indent=2, default=_jsonable, allow_nan=False))
+        return 0
+    print(header)
+    print(settings)
+    print()
+    print(result)
+    print()
+    print("\n".join(_memory_lines(mem, unit, trace.block_size)))
+    if args.plot is not None:
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# parser and entry point
+# ----------------------------------------------------------------------------
+
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="radix-soa",
-        description="Radix-tree prefix cache over token sequences (NumPy + Numba).")
-    sub = parser.add_subparsers(dest="command")
-    b = sub.add_parser("build", help="build a tree from a built-in workload and report it (default)")
+    parser = _Parser(
+        prog=PROG,
+        description="Radix-tree prefix cache over token sequences (NumPy + Numba). "
+                    "Without a subcommand, runs 'build'.")
+    sub = parser.add_subparsers(dest="command", title="subcommands", metavar="{study,build}")
+
+    s = sub.add_parser(
+        "study", help="how much prefill a prefix cache of each size saves on a workload or "
+                      "trace, and what the index costs",
+        description="Replay a built-in seeded workload (default: %s, %d requests) or a real "
+                    "trace against LRU prefix caches over a range of capacities; print the "
+                    "hit-rate table and the index's memory. Capacities are in the trace's id "
+                    "units (tokens for token traces, blocks for block traces)."
+                    % (DEFAULT_WORKLOAD, DEFAULT_REQUESTS))
+    src = s.add_argument_group("traffic (a built-in workload, or --trace with --format)")
+    src.add_argument("--workload", choices=list(workloads.GENERATORS),
+                     help=f"built-in seeded workload (default {DEFAULT_WORKLOAD})")
+    src.add_argument("--requests", type=_pos_int, metavar="N",
+                     help=f"requests of the built-in workload (default {DEFAULT_REQUESTS})")
+    src.add_argument("--seed", type=_nonneg_int, metavar="S",
+                     help="seed of the built-in workload (default 0)")
+    src.add_argument("--trace", type=Path, metavar="PATH",
+                     help="a trace file (or a directory of kv-cache-tester files)")
+    src.add_argument("--format", choices=list(traces.FORMATS), help="the trace's format")
+    cap = s.add_argument_group("capacities (default: %d points from 1/32 of the unbounded "
+                               "footprint to all of it)" % DEFAULT_POINTS)
+    ex = cap.add_mutually_exclusive_group()
+    ex.add_argument("--capacities", type=_capacity_list, metavar="C1,C2,...",
+                    help="explicit capacities, in ids (blocks for block traces)")
+    ex.add_argument("--points", type=_pos_int, default=DEFAULT_POINTS, metavar="K",
+                    help=f"number of capacities (default {DEFAULT_POINTS})")
+    rp = s.add_argument_group("replay")
+    rp.add_argument("--schedule", choices=["fcfs", "lpm", "dfs"], default="fcfs",
+                    help="request order (default fcfs)")
+    rp.add_argument("--window", type=_pos_int, default=64, metavar="W",
+                    help="scheduling window for lpm/dfs (default 64)")
+    rp.add_argument("--page-size", type=_pos_int, default=1, metavar="P",
+                    help="ids per page; hits count whole pages (default 1)")
+    rp.add_argument("--host-capacity", type=_nonneg_int, metavar="H",
+                    help="add a host tier of H ids that catches device evictions")
+    out = s.add_argument_group("output")
+    out.add_argument("--plot", metavar="OUT.png",
+                     help="save a hit-rate-vs-capacity plot (needs matplotlib)")
+    out.add_argument("--json", action="store_true",
+                     help="print one JSON document and nothing else on stdout")
+    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: only when stderr is a terminal)")
+    s.set_defaults(func=_study)
+
+    b = sub.add_parser("build", help="build a tree from a built-in workload and report it "
+                                     "(the default)")
     b.add_argument("--sequences", type=int, default=20_000, help="number of sequences (default 20000)")
     b.add_argument("--prompts", type=int, default=50, help="distinct system prompts (default 50)")
     b.add_argument("--prompt-len", type=int, default=800, help="system prompt tokens (default 800)")
@@ -81,6 +572,12 @@ def build_parser():
     return parser
 
 
+def _fail(message):
+    message = " ".join(str(message).split())  # one line
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    return 2
+
+
 def main(argv=None):
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -89,9 +586,29 @@ def main(argv=None):
     args = parser.parse_args(argv)
     for name in ("sequences", "prompts", "prompt_len"):
         if getattr(args, name, 1) < 1:
-            parser.exit(2, f"radix-soa: error: --{name.replace('_', '-')} must be >= 1\n")
+            parser.exit(2, f"{PROG}: error: --{name.replace('_', '-')} must be >= 1\n")
     np.seterr(all="ignore")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except _UsageError as e:
+        return _fail(e)
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): exit quietly
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\n{PROG}: interrupted\n")
+        return 130
+    except (ValueError, OSError) as e:
+        # bad input: TraceFormatError (a ValueError), missing files, values
+        # the library rejects, unwritable plot paths
+        if isinstance(e, OSError) and e.filename is not None and e.strerror:
+            e = f"{e.strerror}: {e.filename}"
+        return _fail(e)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,277 @@
+"""The ``radix-soa`` command: ``study`` (in process, plus one run of the
+installed entry point) and the ``build`` default."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import radix_soa
+from radix_soa import workloads
+from radix_soa.cli import default_capacities, main
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# a small built-in workload for most tests
+SMALL = ["--workload", "chat", "--requests", "300", "--seed", "3"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, "study", "--json", *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def assert_usage_error(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:  # argparse errors exit via SystemExit
+        code = main(list(argv))
+        raise SystemExit(code)
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("radix-soa: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def write_mooncake(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+MOONCAKE_ROWS = [
+    {"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [0, 1, 2]},
+    {"timestamp": 5, "input_length": 2000, "output_length": 10, "hash_ids": [0, 1, 2, 3]},
+    {"timestamp": 9, "input_length": 1024, "output_length": 10, "hash_ids": [0, 4]},
+    {"timestamp": 12, "input_length": 2100, "output_length": 10, "hash_ids": [0, 1, 2, 3, 5]},
+]
+
+
+# ----------------------------------------------------------------------------
+# study
+# ----------------------------------------------------------------------------
+
+def test_default_study_prints_header_table_and_memory(capsys):
+    code, out, err = run(capsys, "study")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("workload multi_turn (multi_turn_branching, seed 0): 2,000 requests")
+    assert "block size 1" in lines[0] and "1 namespace" in lines[0]
+    assert lines[1].startswith("capacities in ids (= tokens); unbounded footprint ")
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["capacity", "hit"])
+    rows = lines[head + 1:head + 11]
+    assert len(rows) == 10
+    hit_rates = [float(r.split()[1]) for r in rows]
+    assert hit_rates == sorted(hit_rates) and 0 < hit_rates[0] < hit_rates[-1] <= 1
+    assert lines[head + 11] == ""
+    assert lines[head + 12].startswith("index memory")
+    assert "bytes per stored id" in out and "compression ratio" in out
+    assert err == ""  # stderr is not a terminal under capsys: no progress bar
+
+
+def test_json_hit_rates_equal_a_direct_sweep(capsys):
+    doc = run_json(capsys, *SMALL, "--points", "4")
+    seqs = workloads.generate("chat", n_sequences=300, seed=3)
+    unbounded = radix_soa.replay(seqs)
+    caps = default_capacities(unbounded.peak_tokens, 4)
+    assert doc["capacities"] == caps and doc["footprint"] == unbounded.peak_tokens
+    direct = radix_soa.sweep(seqs, caps)
+    assert [r["hit_rate"] for r in doc["sweep"]] == [r.hit_rate for r in direct.results]
+    assert [r["prefill_tokens_saved"] for r in doc["sweep"]] == \
+        [r.prefill_tokens_saved for r in direct.results]
+    assert doc["unbounded"]["hit_rate"] == unbounded.hit_rate
+    assert doc["workload"]["requests"] == 300 and doc["workload"]["block_size"] == 1
+    mem = doc["index_memory"]
+    assert isinstance(mem["used_bytes"], int) and isinstance(mem["compression_ratio"], float)
+    assert mem["tokens_stored"] == unbounded.peak_tokens  # no eviction: the same tree
+
+
+def test_json_with_explicit_capacities_and_replay_options(capsys):
+    doc = run_json(capsys, *SMALL, "--capacities", "20000,5_000,5000", "--schedule", "lpm",
+                   "--window", "8", "--page-size", "4", "--host-capacity", "3000")
+    assert doc["capacities"] == [5000, 20000]
+    seqs = workloads.generate("chat", n_sequences=300, seed=3)
+    direct = radix_soa.sweep(seqs, [5000, 20000], schedule="lpm", window=8, page_size=4,
+                             host_capacity=3000)
+    assert [(r["hit_rate"], r["host_hit_rate"]) for r in doc["sweep"]] == \
+        [(r.hit_rate, r.host_hit_rate) for r in direct.results]
+    assert doc["settings"] == {"schedule": "lpm", "window": 8, "page_size": 4,
+                               "host_capacity": 3000}
+
+
+@pytest.mark.parametrize("name", ["few_shot", "multi_turn", "agent", "long_prefix"])
+def test_every_workload_gives_the_requested_number_of_requests(capsys, name):
+    doc = run_json(capsys, "--workload", name, "--requests", "150", "--points", "2")
+    assert doc["workload"]["requests"] == 150 == doc["unbounded"]["requests"]
+    assert doc["workload"]["workload"] == name
+
+
+def test_study_on_a_mooncake_file(capsys, tmp_path):
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    code, out, err = run(capsys, "study", "--trace", str(path), "--format", "mooncake",
+                         "--points", "3")
+    assert code == 0, err
+    assert out.startswith("trace mini (mooncake: ")
+    assert "4 requests, 14 ids (6 distinct), block size 512 tokens" in out
+    assert "capacities in 512-token blocks" in out
+    assert "bytes per stored block" in out and "bytes per stored token" in out
+    doc = run_json(capsys, "--trace", str(path), "--format", "mooncake", "--capacities", "2,6")
+    # unbounded: request 2 hits 3 of 4 blocks, request 3 hits 1 of 2, request 4 hits 4 of 5
+    assert doc["unbounded"]["hit_tokens"] == 8 and doc["footprint"] == 6
+    assert doc["sweep"][-1]["hit_rate"] == pytest.approx(8 / 14)
+
+
+def test_study_on_a_tokens_file(capsys, tmp_path):
+    path = tmp_path / "toks.jsonl"
+    path.write_text("[1, 2, 3, 4]\n[1, 2, 3, 5]\n[1, 2, 6]\n[1, 2, 3, 4, 7]\n")
+    code, out, err = run(capsys, "study", "--trace", str(path), "--format", "tokens")
+    assert code == 0, err
+    assert out.startswith("trace toks (tokens: ") and "capacities in ids (= tokens)" in out
+    doc = run_json(capsys, "--trace", str(path), "--format", "tokens")
+    assert doc["unbounded"]["hit_tokens"] == 3 + 2 + 4
+    assert doc["capacities"][-1] == doc["footprint"] == 7
+
+
+def test_study_on_several_namespaces(capsys, tmp_path):
+    # two kv-cache-tester conversations with the same local ids: nothing is shared
+    conv = {"block_size": 64, "requests": [
+        {"t": 0.0, "type": "n", "in": 128, "out": 5, "hash_ids": [1, 2]},
+        {"t": 1.0, "type": "n", "in": 192, "out": 5, "hash_ids": [1, 2, 3]}]}
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(conv))
+    code, out, err = run(capsys, "study", "--trace", str(tmp_path), "--format", "kvcache-tester")
+    assert code == 0, err
+    assert "2 namespaces" in out and "namespace << 40" in out
+    doc = run_json(capsys, "--trace", str(tmp_path), "--format", "kvcache-tester")
+    assert doc["unbounded"]["hit_tokens"] == 4
+    assert doc["index_memory"]["tokens_stored"] == 6 == doc["footprint"]
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    png = tmp_path / "curve.png"
+    code, out, err = run(capsys, "study", *SMALL, "--points", "3", "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert out.rstrip().endswith(f"plot written to {png}")
+    doc = run_json(capsys, *SMALL, "--points", "3", "--plot", str(tmp_path / "b.png"))
+    assert doc["plot"] == str(tmp_path / "b.png")
+
+
+def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    line = assert_usage_error(capsys, "study", "--plot", str(tmp_path / "x.png"))
+    assert "pip install radix-soa[plot]" in line
+
+
+def test_progress_goes_to_stderr_only(capsys):
+    code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--progress", "--json")
+    assert code == 0
+    json.loads(out)
+    assert "radix-soa: replay" in err  # tqdm bar or the plain counter
+    code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--no-progress")
+    assert code == 0 and err == ""
+
+
+def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--progress")
+    assert code == 0 and "radix-soa: replay 3/3" in err
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--trace", "x.jsonl", "--format", "csv"], "invalid choice: 'csv'"),
+    (["--trace", "{tmp}/missing.jsonl", "--format", "mooncake"], "not found"),
+    (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake"], "line 2"),
+    (["--capacities=-5"], "must be >= 0"),
+    (["--capacities", "100,-5"], "must be >= 0"),
+    (["--capacities", "1000,2.5"], "'2.5' is not an integer"),
+    (["--capacities", "lots"], "is not an integer"),
+    (["--capacities", "10", "--points", "3"], "not allowed with argument"),
+    (["--points", "0"], "must be >= 1"),
+    (["--window", "0"], "must be >= 1"),
+    (["--trace", "{tmp}/bad.jsonl"], "--trace needs --format"),
+    (["--format", "tokens"], "--format needs --trace"),
+    (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--workload", "chat"], "not both"),
+    (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--requests", "5"], "--requests"),
+    (["--workload", "rag"], "invalid choice: 'rag'"),
+    (["--plot", "{tmp}/out.foo"], "--plot: file name must end in one of"),
+    (["--plot", "{tmp}/no/such/dir/out.png"], "does not exist"),
+    (["--no-such-option"], "unrecognized arguments"),
+])
+def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, argv, expect):
+    write_mooncake(tmp_path / "bad.jsonl", MOONCAKE_ROWS[:1])
+    with open(tmp_path / "bad.jsonl", "a") as f:
+        f.write('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    line = assert_usage_error(capsys, "study", *argv)
+    assert expect in line
+
+
+def test_help_lists_both_subcommands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "study" in out and "build" in out
+
+
+# ----------------------------------------------------------------------------
+# build (still the default)
+# ----------------------------------------------------------------------------
+
+def test_build_is_still_the_default(capsys):
+    code, out, err = run(capsys, "--sequences", "200", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["sequences"] == 200 and report["all_found"] is True
+    code, out, _ = run(capsys, "build", "--sequences", "100", "--prompts", "3", "--prompt-len", "20")
+    assert code == 0 and out.startswith("workload ")
+
+
+def test_build_rejects_a_zero_count(capsys):
+    assert_usage_error(capsys, "build", "--sequences", "0")
+
+
+# ----------------------------------------------------------------------------
+# the installed entry point, and the real traces
+# ----------------------------------------------------------------------------
+
+def test_installed_entry_point_study_json(tmp_path):
+    exe = Path(sys.executable).with_name("radix-soa")
+    exe = str(exe) if exe.exists() else shutil.which("radix-soa")
+    if exe is None:
+        pytest.skip("the radix-soa entry point is not installed (pip install -e .)")
+    proc = subprocess.run([exe, "study", "--json", *SMALL, "--points", "3"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # stderr is a pipe: no progress bar
+    doc = json.loads(proc.stdout)
+    assert doc["workload"]["requests"] == 300 and len(doc["sweep"]) == 3
+    bad = subprocess.run([exe, "study", "--trace", str(tmp_path / "nope"), "--format", "tokens"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == [f"radix-soa: error: trace file not found: "
+                                       f"{tmp_path / 'nope'}"]
+
+
+def test_real_mooncake_conversation_trace(capsys):
+    path = TRACES / "mooncake-fast25" / "conversation_trace.jsonl"
+    if not path.exists():
+        pytest.skip(f"real traces not available ({path} is absent)")
+    doc = run_json(capsys, "--trace", str(path), "--format", "mooncake", "--points", "5")
+    assert doc["workload"]["requests"] == 12031 and doc["workload"]["block_size"] == 512
+    assert doc["unbounded"]["hit_rate"] == pytest.approx(0.366, abs=0.001)
+    assert len(doc["sweep"]) == 5
+    assert doc["sweep"][-1]["hit_rate"] == pytest.approx(doc["unbounded"]["hit_rate"])
+    rates = [r["hit_rate"] for r in doc["sweep"]]
+    assert rates == sorted(rates)
