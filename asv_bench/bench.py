@@ -278,8 +278,39 @@ def section_memory(repeat):
               f"exists_batch on it {np.median(ratios):.2f}x the in-memory tree's (median of {repeat})")
 
 
+def section_replay(repeat):
+    from radix_soa.replay_reference import replay_reference
+
+    radix_soa.warmup()
+    trace = common.mooncake_conversation()
+    if trace is None:
+        print("\n[replay] the Mooncake traces are not present; using the generated multi_turn workload")
+        trace = radix_soa.workloads.as_trace(common.sequences("multi_turn"), "multi_turn")
+    full = radix_soa.replay(trace)
+    caps = np.linspace(full.peak_tokens / 40, full.peak_tokens, 20).astype(int).tolist()
+    print(f"\n[replay] {trace.name}: {len(trace):,} requests, {trace.num_blocks:,} ids; unbounded "
+          f"hit rate {full.hit_rate:.4f}; 20 capacities up to {full.peak_tokens:,}")
+    radix_soa.replay(trace, capacity=caps[5])
+    one = best_of(lambda: radix_soa.replay(trace, capacity=caps[5]), repeat + 2)
+    print(f"  one replay at capacity {caps[5]:,}: {one * 1e3:.1f} ms")
+    for threads in (1, 2):
+        t = best_of(lambda: radix_soa.sweep(trace, caps, threads=threads), repeat)
+        print(f"  20-point sweep, {threads} thread(s): {t * 1e3:.0f} ms")
+    ours = best_of(lambda: radix_soa.sweep(trace, caps, threads=1), repeat)
+    t0 = time.perf_counter()
+    for c in caps:
+        replay_reference(trace, capacity=c)
+    base = time.perf_counter() - t0
+    line("20-point sweep (1 thread)", ours, base, "pure-Python replay")
+    for sched in ("lpm", "dfs"):
+        t = best_of(lambda: radix_soa.replay(trace, capacity=caps[5], schedule=sched), repeat)
+        print(f"  one replay, schedule={sched}: {t * 1e3:.1f} ms")
+    t = best_of(lambda: radix_soa.replay(trace, capacity=caps[5], host_capacity=caps[10]), repeat)
+    print(f"  one replay with a host tier: {t * 1e3:.1f} ms")
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory}
+            "memory": section_memory, "replay": section_replay}
 
 
 def main():

@@ -14,7 +14,7 @@ from ._warmup import warmup
 from .radix_cache import RadixCache
 from .prefix_cache import CacheFullError, EvictResult, InsertResult, Match, PrefixCache
 from . import schedule, traces, workloads
-from .replay import ReplayResult, SweepResult, replay, sweep
+from .simulate import ReplayResult, SweepResult, replay, sweep
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
            "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",

@@ -998,7 +998,9 @@ def _lex_less(flat, offsets, ns, a, b):
 def dfs_order(flat, offsets, ns, window, order):
     """Arrival order cut into windows of ``window`` requests, each window
     sorted by (namespace, tokens): requests that share a prefix run back to
-    back, in the depth-first order of a trie over the window. Stable."""
+    back, in the depth-first order of a trie over the window (stable).
+    Every other window runs in reverse, so a window starts where the one
+    before ended, with the prefix used last, not the one LRU evicts first."""
     n = offsets.shape[0] - 1
     for i in range(n):
         order[i] = i
@@ -1011,6 +1013,15 @@ def dfs_order(flat, offsets, ns, window, order):
                 order[j + 1] = order[j]
                 j -= 1
             order[j + 1] = x
+        if (lo // window) % 2 == 1:
+            a = lo
+            b = hi - 1
+            while a < b:
+                t = order[a]
+                order[a] = order[b]
+                order[b] = t
+                a += 1
+                b -= 1
 
 
 @kernel

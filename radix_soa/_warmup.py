@@ -16,6 +16,7 @@ def warmup(dtypes=(np.int64,)):
     """
     from .prefix_cache import PrefixCache
     from .radix_cache import RadixCache
+    from .simulate import replay
 
     for dtype in dtypes:
         rc = RadixCache(dtype=dtype)
@@ -53,4 +54,8 @@ def warmup(dtypes=(np.int64,)):
             pc.match_length([1, 2])
             pc.match_length_batch([[1, 2], [5]])
             pc.evict(2)
+    for schedule in ("fcfs", "lpm", "dfs"):
+        for host in (None, 4):
+            replay([[1, 2, 3], [1, 2, 4], [5, 6]], capacity=4, host_capacity=host,
+                   schedule=schedule, window=2)
     return len(dtypes)

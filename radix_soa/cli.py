@@ -450,7 +450,7 @@ def _jsonable(x):
 # ----------------------------------------------------------------------------
 
 def _study(args):
-    from .replay import replay, sweep
+    from .simulate import replay, sweep
 
     _check_study_args(args)
     t_start = time.perf_counter()

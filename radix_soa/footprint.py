@@ -290,11 +290,14 @@ def _traced(build, batch, count, nodes):
     by its result (temporaries and any cyclic garbage freed first), the
     result's ``count`` and ``nodes``. Works whether or not tracemalloc was
     already tracing."""
+    # A full collection frees pending garbage (which must not count against
+    # the build when tracing was already on) and empties CPython's free lists
+    # of small tuples and dicts: objects reused from them were allocated
+    # untraced and would go uncounted.
+    gc.collect()
     started = not tracemalloc.is_tracing()
     if started:
         tracemalloc.start()
-    else:
-        gc.collect()  # garbage freed during the build must not count against it
     try:
         before = tracemalloc.get_traced_memory()[0]
         obj = build(batch)

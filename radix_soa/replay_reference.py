@@ -14,7 +14,7 @@ import bisect
 import numpy as np
 
 from .reference_prefix import CacheFullError, ReferencePrefixCache
-from .replay import SCHEDULES, DEFAULT_WINDOW, _as_trace
+from .simulate import SCHEDULES, DEFAULT_WINDOW, _as_trace
 
 
 def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
@@ -53,8 +53,9 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
     static = list(range(n))
     if schedule == "dfs":
         static = []
-        for lo in range(0, n, window):
-            static += sorted(range(lo, min(n, lo + window)), key=lambda i: (ns[i], seqs[i]))
+        for w, lo in enumerate(range(0, n, window)):
+            chunk = sorted(range(lo, min(n, lo + window)), key=lambda i: (ns[i], seqs[i]))
+            static += chunk[::-1] if w % 2 else chunk
     for _ in range(n):
         i = pick()
         order.append(i)

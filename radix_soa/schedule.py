@@ -6,7 +6,10 @@
   after every request, since each changes the cache.
 - ``"dfs"``: depth-first order: waiting requests sorted so that those sharing
   a prefix run back to back (the depth-first order of a trie over them), so a
-  shared prefix is computed once and reused while it is hot.
+  shared prefix is computed once and reused while it is hot. Successive
+  windows alternate direction, so each starts with the prefix used last
+  (running every window in the same order would start each with the prefix
+  LRU evicts first).
 
 ``radix_soa.replay(..., schedule=...)`` runs these inside its compiled loop;
 the functions here give the same orders for a queue a caller holds.
@@ -40,8 +43,9 @@ def fcfs_order(queue):
 
 def dfs_order(queue, window=None, namespaces=None):
     """Indices of ``queue`` in depth-first (lexicographic) order, within
-    consecutive windows of ``window`` requests (default: the whole queue).
-    Requests of different ``namespaces`` never interleave within a window."""
+    consecutive windows of ``window`` requests (default: the whole queue),
+    every other window reversed. Requests of different ``namespaces`` never
+    interleave within a window."""
     b = _one_batch(queue)
     n = len(b)
     flat = b.flat.astype(np.int64, copy=False)

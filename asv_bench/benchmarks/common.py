@@ -1,6 +1,7 @@
 """Seeded, cached datasets shared by the benchmarks and ``asv_bench/bench.py``."""
 
 import functools
+from pathlib import Path
 
 import numpy as np
 
@@ -62,3 +63,15 @@ def make(impl):
         from radix_soa.reference import ReferenceRadixTree
         return ReferenceRadixTree()
     raise KeyError(impl)
+
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+
+
+@functools.lru_cache(maxsize=None)
+def mooncake_conversation():
+    """The Mooncake FAST'25 conversation trace, read in place, or None."""
+    from radix_soa import traces
+
+    path = TRACES / "mooncake-fast25" / "conversation_trace.jsonl"
+    return traces.load_mooncake(path) if path.exists() else None

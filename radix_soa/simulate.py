@@ -121,10 +121,10 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     """Replay ``trace`` against an LRU prefix cache of ``capacity`` tokens.
 
     ``trace``: a ``radix_soa.traces.Trace`` (its namespaces are kept apart)
-    or anything ``radix_soa.pack`` takes (one namespace). ``capacity`` and
-    ``host_capacity`` are in the trace's id units (``None``: unbounded;
-    ``host_capacity=None`` with no host wanted: pass ``host_capacity=0``...
-    no: leave it ``None`` for no host tier and give a number for one).
+    or anything ``radix_soa.pack`` takes (one namespace). ``capacity`` is in
+    the trace's id units (tokens, or blocks for block-hash traces);
+    ``None`` means unbounded. ``host_capacity`` likewise, except that
+    ``None`` means no host tier (give a large number for an unbounded one).
 
     Each request, in the order ``schedule`` picks, is handled like
     ``PrefixCache.match`` then ``PrefixCache.insert``:
@@ -138,8 +138,11 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
       tokens (``hits * block_size``, at most each request's input tokens).
     - then the request is inserted; the cache first evicts least recently
       used leaf tails to stay within ``capacity`` (never the request's own
-      prefix); a request whose new ids cannot fit even then is not cached
-      (``rejected``).
+      prefix); a request whose new ids cannot fit even then is not cached at
+      all (``rejected``), so hit rates are 0 below the largest request's new
+      ids (simulators that admit single blocks differ there).
+    - ``hits[i]`` and ``host_hits[i]`` belong to request ``i`` in arrival
+      order; ``order`` is the order the schedule ran them in.
     - **host tier**: what the device evicts is inserted (with its whole
       prefix) into a second LRU cache of ``host_capacity``, whose own
       evictions are dropped.
@@ -256,7 +259,11 @@ class SweepResult:
 
     @property
     def rows(self):
-        return [{c: r.summary()[c] for c in self.COLUMNS} for r in self.results]
+        out = []
+        for r in self.results:
+            summary = r.summary()
+            out.append({c: summary[c] for c in self.COLUMNS})
+        return out
 
     def to_dict(self):
         """Column name -> list of values (ready for ``pandas.DataFrame``)."""
