@@ -15,8 +15,12 @@ from .radix_cache import RadixCache
 from .prefix_cache import CacheFullError, EvictResult, InsertResult, Match, PrefixCache
 from . import schedule, traces, workloads
 from .simulate import ReplayResult, SweepResult, replay, sweep
+from .replay_reference import replay_reference
+from .footprint import FootprintTable, compare_footprint
+from ._persist import ReadOnlyTreeError, TreeFormatError
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
            "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
-           "SweepResult", "schedule", "traces", "workloads"]
+           "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
+           "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]
 __version__ = "0.1.0"
