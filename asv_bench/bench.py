@@ -317,10 +317,13 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", choices=list(SECTIONS),
-                        help="sections to run (default: all)")
+    parser.add_argument("sections", nargs="*",
+                        help=f"sections to run, of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    unknown = [s for s in args.sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
     print(f"radix_soa {radix_soa.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, "
           f"{os.cpu_count()} cpus")
     for name in args.sections or list(SECTIONS):
