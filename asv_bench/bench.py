@@ -112,6 +112,8 @@ def section_batch(repeat):
             ours = best_of(lambda: call(csr, parallel=False), repeat)
             base = best_of(lambda: [ref_call(s) for s in seqs], max(1, repeat - 1))
             line(f"{name} (CSR, 1 thread)", ours, base, "reference loop")
+            ours = best_of(lambda: call(csr), repeat)
+            line(f"{name} (CSR, default parallel=None)", ours, base, "reference loop")
         copy = batch.flat.copy()
         floor = best_of(lambda: np.array_equal(batch.flat, copy), repeat)
         one = best_of(lambda: rc.exists_batch(csr, parallel=False), repeat)
