@@ -938,9 +938,14 @@ def pc_evict(T, n, page, out):
             meta[M_DEAD_TOKENS] += take
         else:
             p = parent[x]
+            if parent[p] >= 0 and nchild[p] == 1 and lock[p] == 0:
+                # the parent becomes a leaf: it takes x's place at the top of
+                # the heap (one sift instead of a removal and a push)
+                heap[0] = p
+                hpos[p] = 0
+                hpos[x] = -1
+                _heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], 0)
             _unlink(T, x, page, True)
-            if parent[p] >= 0 and nchild[p] == 0 and lock[p] == 0:
-                _heap_push(heap, hpos, stamp, meta, p)
     return freed
 
 
