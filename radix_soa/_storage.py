@@ -86,14 +86,6 @@ class TreeStorage:
     def node_end(self):
         return int(self.meta[K.M_NODE_END])
 
-    @property
-    def token_capacity(self):
-        return self.tokens.shape[0]
-
-    @property
-    def node_capacity(self):
-        return self.start.shape[0]
-
     # ------------------------------------------------------------ growth
     def reserve(self, tokens=0, nodes=0):
         """Make room for ``tokens`` more buffer tokens and ``nodes`` more
@@ -238,11 +230,6 @@ class TreeStorage:
         }
 
     # ------------------------------------------------------------ views
-    def live_mask(self):
-        """Boolean mask over node ids < node_end of live non-root nodes."""
-        end = self.node_end
-        return (self.length[:end] > 0) & (self.parent[:end] >= 0)
-
     def terminal_mask(self):
         end = self.node_end
         bits = np.unpackbits(self.term, bitorder="little")[:end]

@@ -70,7 +70,7 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
         except CacheFullError:
             rejected[i] = True
             continue
-        inserted += r.cached * 0 + (len(q) - len(q) % page_size) - r.cached
+        inserted += len(q) - len(q) % page_size - r.cached
         if has_host:
             for last in _chunk_ends(r.evicted.values, offsets):
                 owner = bisect.bisect_right(offsets, last) - 1
