@@ -67,9 +67,8 @@ def _build(args):
     t0 = time.perf_counter()
     found = sum(rc.exists(s) for s in seqs)
     t_exists = time.perf_counter() - t0
-    usage = rc._s.array_usage()
-    used = sum(a["used_bytes"] for a in usage.values())
-    allocated = sum(a["allocated_bytes"] for a in usage.values())
+    rep = rc.memory_report()
+    used, allocated = rep["used_bytes"], rep["total_bytes"]
     inserted = int(sum(len(s) for s in seqs))
     report = {
         "workload": f"shared_prefix(n_sequences={args.sequences}, n_prompts={args.prompts}, "
