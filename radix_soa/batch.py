@@ -50,6 +50,20 @@ class Batch:
         return self.offsets.shape[0] - 1
 
     def __getitem__(self, i):
+        """Sequence ``i`` (a view), or for a slice with step 1 a ``Batch`` of
+        those sequences over the same buffer.
+
+        >>> b = pack([[1], [2, 3], [4, 5, 6]])
+        >>> b[1].tolist(), [s.tolist() for s in b[1:]]
+        ([2, 3], [[2, 3], [4, 5, 6]])
+        """
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("a Batch slice must be contiguous (step 1)")
+            hi = max(lo, hi)
+            off = self.offsets[lo:hi + 1]
+            return Batch(self.flat[off[0]:off[-1]], off - off[0])
         return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
     def __iter__(self):
@@ -194,6 +208,14 @@ def as_batches(obj):
     ``FixedSizeListArray``/``ChunkedArray``, or anything ``pack`` takes."""
     if isinstance(obj, Batch):
         return [obj]
+    from .traces import Trace
+
+    if isinstance(obj, Trace):
+        if len(np.unique(obj.namespace)) > 1:
+            raise ValueError(
+                f"trace {obj.name!r} holds several namespaces whose ids must not be mixed in "
+                "one tree; replay() keeps them apart, or select one namespace first")
+        return [Batch(obj.flat, obj.offsets)]
     if (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], np.ndarray)
             and isinstance(obj[1], np.ndarray)):
         return [Batch(obj[0], obj[1])]

@@ -263,3 +263,25 @@ def test_parallel_default_is_serial_for_small_batches():
     small = [pack([[1, 2]])]
     assert rs.batch.use_parallel(None, small) is False
     assert rs.batch.use_parallel(True, small) is True
+
+
+def test_batch_slices_share_the_buffer():
+    b = pack([[1], [2, 3], [4, 5, 6], [7]])
+    part = b[1:3]
+    assert [s.tolist() for s in part] == [[2, 3], [4, 5, 6]]
+    assert np.shares_memory(part.flat, b.flat)
+    assert len(b[3:1]) == 0 and len(b[-1:]) == 1
+    with pytest.raises(ValueError):
+        b[::2]
+
+
+def test_traces_are_batches_unless_they_mix_namespaces():
+    from radix_soa.traces import Trace
+
+    one = Trace.from_sequences([np.array([1, 2]), np.array([1, 3])], name="t")
+    rc = RadixCache()
+    assert rc.insert_batch(one).tolist() == [True, True]
+    two = Trace.from_sequences([np.array([1, 2]), np.array([1, 3])], name="t",
+                               namespace=np.array([0, 1]))
+    with pytest.raises(ValueError, match="namespaces"):
+        rc.exists_batch(two)
