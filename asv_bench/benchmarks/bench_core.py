@@ -1,7 +1,6 @@
 """One-sequence-at-a-time calls of RadixCache beside the pure-Python
 reference tree, on the shared-prefix and seed-constraint workloads."""
 
-import numpy as np
 
 from .common import WORKLOADS, build, inputs, make, near_misses, sequences
 
