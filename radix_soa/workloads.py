@@ -18,6 +18,10 @@ NumPy arrays, one per request, in arrival order.
                                    sub-agents, interleaved in time
 =================================  ==========================================
 
+The loaders of real traces (``load_mooncake``, ``load_kvcache_tester``,
+``load_token_jsonl``, ``load_trace``; defined in :mod:`radix_soa.traces`) are
+available here too, so one module gives every workload.
+
 :data:`GENERATORS` maps short names to generators and :func:`generate` calls
 one by name; :func:`as_trace` wraps any list of sequences into a
 :class:`radix_soa.traces.Trace` with Poisson arrival times and output
@@ -49,9 +53,15 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .traces import Trace
+from .traces import (Trace, TraceFormatError, load_kvcache_tester, load_mooncake,  # noqa: F401
+                     load_token_jsonl, load_trace)
 
 __all__ = [
+    "load_mooncake",
+    "load_kvcache_tester",
+    "load_token_jsonl",
+    "load_trace",
+    "TraceFormatError",
     "DEFAULT_VOCAB",
     "shared_prefix",
     "long_shared_prefix",
