@@ -120,6 +120,10 @@ class PrefixCache(TreeCache):
     def _root(self, namespace, create=True):
         """Root node id of ``namespace`` (made on first use unless ``create``
         is False, which returns None for a new namespace)."""
+        if type(namespace) is int or type(namespace) is str:  # the common case, fast
+            root = self._roots.get(namespace)
+            if root is not None:
+                return root
         if not isinstance(namespace, str):
             try:
                 namespace = operator.index(namespace)
@@ -158,10 +162,11 @@ class PrefixCache(TreeCache):
         ends exactly at ``length``; the path's access time is refreshed.
         ``length == 0`` gives the namespace's root handle.
         """
-        self._writable()
+        s = self._s
+        if s.readonly:
+            self._writable()
         q = as_tokens(tokens)
         root = self._root(namespace)
-        s = self._s
         out = np.empty(q.shape[0] if s.has_values else 0, np.int64)
         length, v, gen = K.pc_match_one(s.T, root, q, self._page, out)
         if length < 0:
