@@ -199,6 +199,18 @@ def use_parallel(parallel, batches):
             and sum(b.num_tokens for b in batches) >= PARALLEL_MIN_TOKENS)
 
 
+def map_batches(batches, dtype, fill):
+    """One result per sequence over several batches: ``fill(batch, out)``
+    writes batch's results into ``out`` (zeros of ``dtype``); the parts are
+    concatenated (one batch: its array as is)."""
+    parts = []
+    for b in batches:
+        out = np.zeros(len(b), dtype)
+        fill(b, out)
+        parts.append(out)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 # ---------------------------------------------------------------- any input
 
 def as_batches(obj):

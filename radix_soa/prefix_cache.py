@@ -16,14 +16,13 @@ from ._base import TreeCache
 from ._invariants import InvariantError, check_tree
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage
-from .batch import as_batches, use_parallel
-from .reference_prefix import CacheFullError, EvictResult, InsertResult, Match
+from .batch import as_batches, map_batches, use_parallel
+from .reference_prefix import _STATS, CacheFullError, EvictResult, InsertResult, Match
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
-_STATS = ("lookups", "query_tokens", "hit_tokens", "inserted_tokens", "evicted_tokens")
 
 
 class PrefixCache(TreeCache):
@@ -201,13 +200,10 @@ class PrefixCache(TreeCache):
         root = self._root(namespace, create=False)
         kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
         s = self._s
-        out = []
-        for b in batches:
-            res = np.zeros(len(b), np.int64)
-            if root is not None:
-                kernel(*s.M, root, b.flat, b.offsets, self._page, res)
-            out.append(res)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        if root is None:  # a namespace never used: nothing cached in it
+            return map_batches(batches, np.int64, lambda b, res: None)
+        return map_batches(batches, np.int64,
+                           lambda b, res: kernel(*s.M, root, b.flat, b.offsets, self._page, res))
 
     def match_batch(self, batch, namespace=0):
         """Match lengths for many requests, exactly as a loop of ``match``
@@ -218,20 +214,17 @@ class PrefixCache(TreeCache):
         self._writable()
         batches = as_batches(batch)
         root = self._root(namespace)
-        out = []
-        for b in batches:
-            res = self._match_csr(root, b.flat, b.offsets)
-            st = self._stats
-            st["lookups"] += len(b)
-            st["query_tokens"] += b.num_tokens
-            st["hit_tokens"] += int(res.sum())
-            out.append(res)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        res = map_batches(batches, np.int64, lambda b, out: self._match_csr(root, b, out))
+        st = self._stats
+        st["lookups"] += res.shape[0]
+        st["query_tokens"] += sum(b.num_tokens for b in batches)
+        st["hit_tokens"] += int(res.sum())
+        return res
 
-    def _match_csr(self, root, flat, offsets):
+    def _match_csr(self, root, b, res):
         s = self._s
-        n = offsets.shape[0] - 1
-        res = np.zeros(n, np.int64)
+        flat, offsets = b.flat, b.offsets
+        n = len(b)
         clock0 = int(s.meta[K.M_CLOCK])
         i = 0
         while i < n:
@@ -239,7 +232,6 @@ class PrefixCache(TreeCache):
             if i < n:
                 s.reserve(nodes=max(1, n - i))
         s.meta[K.M_CLOCK] = clock0 + n
-        return res
 
     # ------------------------------------------------------------ mutation
     def insert(self, tokens, values=None, namespace=0):

@@ -4,7 +4,7 @@ import numpy as np
 
 from . import _kernels as K
 from ._sequence import as_tokens, check_fits
-from .batch import as_batches, use_parallel
+from .batch import as_batches, map_batches, use_parallel
 from ._base import TreeCache
 from ._storage import TreeStorage, run_batch
 from ._invariants import check_tree
@@ -142,12 +142,8 @@ class RadixCache(TreeCache):
             check_fits(b.flat, self._s.dtype)
         s = self._s
         s.meta[K.M_TOKENS_INSERTED] += sum(b.num_tokens for b in batches)
-        out = []
-        for b in batches:
-            new = np.zeros(len(b), np.bool_)
-            run_batch(s, b, lambda i: K.radix_insert_batch(s.T, s.root, b.flat, b.offsets, i, new))
-            out.append(new)
-        return _concat(out, np.bool_)
+        return map_batches(batches, np.bool_, lambda b, new: run_batch(
+            s, b, lambda i: K.radix_insert_batch(s.T, s.root, b.flat, b.offsets, i, new)))
 
     def exists_batch(self, batch, parallel=None):
         """``exists`` for every sequence of ``batch``, as a bool array.
@@ -165,12 +161,8 @@ class RadixCache(TreeCache):
         batches = as_batches(batch)
         kernel = K.exists_batch_parallel if use_parallel(parallel, batches) else K.exists_batch
         s = self._s
-        out = []
-        for b in batches:
-            res = np.empty(len(b), np.bool_)
-            kernel(*s.R, s.root, b.flat, b.offsets, res)
-            out.append(res)
-        return _concat(out, np.bool_)
+        return map_batches(batches, np.bool_,
+                           lambda b, res: kernel(*s.R, s.root, b.flat, b.offsets, res))
 
     def match_prefix_batch(self, batch, parallel=None):
         """``match_prefix`` for every sequence of ``batch``, as an int64 array
@@ -183,12 +175,8 @@ class RadixCache(TreeCache):
         batches = as_batches(batch)
         kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
         s = self._s
-        out = []
-        for b in batches:
-            res = np.empty(len(b), np.int64)
-            kernel(*s.M, s.root, b.flat, b.offsets, 1, res)
-            out.append(res)
-        return _concat(out, np.int64)
+        return map_batches(batches, np.int64,
+                           lambda b, res: kernel(*s.M, s.root, b.flat, b.offsets, 1, res))
 
     # ------------------------------------------------------------ iteration
     def to_csr(self):
@@ -214,10 +202,6 @@ class RadixCache(TreeCache):
     def __repr__(self):
         return (f"RadixCache(sequences={len(self)}, nodes={self.num_nodes}, "
                 f"tokens={self.num_tokens}, dtype={self.dtype.name})")
-
-
-def _concat(parts, dtype):
-    return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(dtype, copy=False)
 
 
 def _short(q, limit=8):
