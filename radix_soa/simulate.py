@@ -199,7 +199,8 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     while True:
         status = K.replay_run(dev.T, host.T, roots_d, roots_h, flat, offsets, positions, order, win,
                               params, state, hits, host_hits, rejected, evict_out)
-        peak_bytes = max(peak_bytes, _used(dev) + (_used(host) if has_host else 0))
+        index_bytes = _used(dev) + (_used(host) if has_host else 0)
+        peak_bytes = max(peak_bytes, index_bytes)
         if status == K.RUN_DONE:
             break
         store = dev if status == K.RUN_DEVICE_ROOM else host
@@ -210,7 +211,6 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     bs = int(tr.block_size)
     inputs = np.asarray(tr.input_tokens, dtype=np.int64)
     saved = np.minimum((hits + host_hits) * bs, inputs)
-    final_bytes = _used(dev) + (_used(host) if has_host else 0)
     return ReplayResult(
         requests=n, capacity=capacity, host_capacity=host_capacity, page_size=page,
         schedule=schedule, window=window, block_size=bs, total_tokens=total,
@@ -220,21 +220,19 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
         evicted_tokens=int(state[K.S_INSERTED] - dev.meta[K.M_TOKENS]),
         host_evicted_tokens=int(state[K.S_HOST_INSERTED] - host.meta[K.M_TOKENS]),
         peak_tokens=int(state[K.S_PEAK]), final_tokens=int(dev.meta[K.M_TOKENS]),
-        peak_index_bytes=max(peak_bytes, final_bytes), final_index_bytes=final_bytes,
+        peak_index_bytes=peak_bytes, final_index_bytes=index_bytes,
         seconds=seconds, hits=hits, host_hits=host_hits, order=order)
 
 
 def _roots(store, namespace):
-    ns = np.asarray(namespace, dtype=np.int64)
-    roots = np.empty(ns.shape[0], np.int64)
-    uniq, inverse = np.unique(ns, return_inverse=True)
+    """Root id per request: one root per distinct namespace."""
+    uniq, inverse = np.unique(np.asarray(namespace, dtype=np.int64), return_inverse=True)
     ids = np.array([store.root] + [store.new_root() for _ in uniq[1:]], np.int64)
-    roots[:] = ids[inverse]
-    return roots
+    return ids[inverse]
 
 
 def _used(store):
-    return sum(a["used_bytes"] for a in store.array_usage().values())
+    return store.memory_report()["used_bytes"]
 
 
 def _make_room(store, max_len):
