@@ -68,12 +68,11 @@ def section_core(repeat):
             rc = radix_soa.RadixCache(dtype=dtype)
             for s in seqs:
                 rc.insert(s)
-            usage = rc._s.array_usage()
-            used = sum(a["used_bytes"] for a in usage.values())
-            tok = usage["tokens"]["used_bytes"]
-            print(f"  memory {dtype}: {used / rc.num_tokens:.3f} used bytes per stored token; "
+            rep = rc.memory_report()
+            tok = rep["arrays"]["tokens"]["used_bytes"]
+            print(f"  memory {dtype}: {rep['bytes_per_stored_token']:.3f} used bytes per stored token; "
                   f"{tok / rc.num_tokens:.3f} token bytes per stored token + "
-                  f"{(used - tok) / rc.num_nodes:.2f} bytes per node "
+                  f"{rep['bytes_per_node']:.2f} bytes per node "
                   f"({rc.num_nodes:,} nodes, {rc.num_tokens:,} stored tokens)")
     code = ("import time; t=time.perf_counter(); import radix_soa; rc=radix_soa.RadixCache(); "
             "rc.insert([1,2,3]); rc.exists([1,2,3]); rc.match_prefix([1,2]); rc.remove([1,2,3]); "
@@ -223,11 +222,10 @@ def section_prefix(repeat):
         pc = radix_soa.PrefixCache(values=values)
         for s in seqs:
             pc.insert(s, values=s if values else None)
-        usage = pc._s.array_usage()
-        per_tok = usage["tokens"]["used_bytes"] + usage["values"]["used_bytes"]
-        rest = sum(a["used_bytes"] for a in usage.values()) - per_tok
+        rep = pc.memory_report()
+        per_tok = rep["arrays"]["tokens"]["used_bytes"] + rep["arrays"]["values"]["used_bytes"]
         print(f"  values={values}: {per_tok / pc.total_tokens:.2f} bytes per token, "
-              f"{rest / pc.num_nodes:.1f} bytes per node ({pc.num_nodes:,} nodes)")
+              f"{rep['bytes_per_node']:.1f} bytes per node ({pc.num_nodes:,} nodes)")
 
 
 def section_memory(repeat):

@@ -66,14 +66,10 @@ class Footprint:
         return self.tree.num_tokens
 
     def track_used_bytes_per_stored_token(self, workload, impl):
-        usage = self.tree._s.array_usage()
-        return sum(a["used_bytes"] for a in usage.values()) / self.tree.num_tokens
+        return self.tree.memory_report()["bytes_per_stored_token"]
 
     def track_used_bytes_per_node_beyond_tokens(self, workload, impl):
-        usage = self.tree._s.array_usage()
-        token_bytes = usage["tokens"]["used_bytes"]
-        rest = sum(a["used_bytes"] for a in usage.values()) - token_bytes
-        return rest / self.tree.num_nodes
+        return self.tree.memory_report()["bytes_per_node"]
 
     track_used_bytes_per_stored_token.unit = "bytes"
     track_used_bytes_per_node_beyond_tokens.unit = "bytes"

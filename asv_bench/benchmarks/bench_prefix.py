@@ -119,16 +119,15 @@ class Memory:
         self.cache = radix_soa.PrefixCache(values=values)
         for s in chat():
             self.cache.insert(s, values=s if values else None)
-        self.usage = self.cache._s.array_usage()
+        self.rep = self.cache.memory_report()
 
     def track_bytes_per_token(self, values):
-        u = self.usage
-        return (u["tokens"]["used_bytes"] + u["values"]["used_bytes"]) / self.cache.total_tokens
+        arrays = self.rep["arrays"]
+        per_token = arrays["tokens"]["used_bytes"] + arrays["values"]["used_bytes"]
+        return per_token / self.rep["tokens_stored"]
 
     def track_bytes_per_node(self, values):
-        u = self.usage
-        per_tok = u["tokens"]["used_bytes"] + u["values"]["used_bytes"]
-        return (sum(a["used_bytes"] for a in u.values()) - per_tok) / self.cache.num_nodes
+        return self.rep["bytes_per_node"]
 
     track_bytes_per_token.unit = "bytes"
     track_bytes_per_node.unit = "bytes"
