@@ -291,6 +291,15 @@ def _is_number(x):
     return (type(x) is int or type(x) is float) and math.isfinite(x)
 
 
+def _check_count(value, field):
+    """Return None if ``value`` is a non-negative integer, else a reason."""
+    if not _is_int(value):
+        return f"{field!r} must be an integer, got {value!r}"
+    if value < 0:
+        return f"{field!r} is negative ({value})"
+    return None
+
+
 def _check_ids(ids, field):
     """Return None if ``ids`` is a non-empty list of int64-range ints, else a reason."""
     if type(ids) is not list:
@@ -385,10 +394,9 @@ def load_mooncake(path):
         prev_ts = t
         n_in, n_out = obj["input_length"], obj["output_length"]
         for key, v in (("input_length", n_in), ("output_length", n_out)):
-            if not _is_int(v):
-                raise fail(f"{key!r} must be an integer, got {v!r}")
-            if v < 0:
-                raise fail(f"{key!r} is negative ({v})")
+            reason = _check_count(v, key)
+            if reason:
+                raise fail(reason)
         ids = obj["hash_ids"]
         reason = _check_ids(ids, "hash_ids")
         if reason:
@@ -484,10 +492,9 @@ def _kv_walk(path, reqs, where, base_t, out):
                 raise fail(f"missing field {key!r}")
         n_in, n_out = r["in"], r["out"]
         for key, v in (("in", n_in), ("out", n_out)):
-            if not _is_int(v):
-                raise fail(f"{key!r} must be an integer, got {v!r}")
-            if v < 0:
-                raise fail(f"{key!r} is negative ({v})")
+            reason = _check_count(v, key)
+            if reason:
+                raise fail(reason)
         ids = r["hash_ids"]
         reason = _check_ids(ids, "hash_ids")
         if reason:
@@ -678,10 +685,9 @@ def load_token_jsonl(path):
                     raise fail(f"'timestamp' is negative ({t})")
             if "output_length" in obj:
                 n_out = obj["output_length"]
-                if not _is_int(n_out):
-                    raise fail(f"'output_length' must be an integer, got {n_out!r}")
-                if n_out < 0:
-                    raise fail(f"'output_length' is negative ({n_out})")
+                reason = _check_count(n_out, "output_length")
+                if reason:
+                    raise fail(reason)
         else:
             raise fail(f"expected a JSON list of ints or an object, got {type(obj).__name__}")
         reason = _check_ids(ids, "tokens")
