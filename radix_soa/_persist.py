@@ -23,7 +23,8 @@ import numpy as np
 
 from . import _kernels as K
 from ._invariants import check_tree
-from ._storage import SUPPORTED_DTYPES, TreeStorage, _MIN_NODES, _MIN_TOKENS, token_dtype
+from ._storage import (SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage, _MIN_NODES, _MIN_TOKENS,
+                       token_dtype)
 
 FORMAT = "radix_soa"
 VERSION = 1
@@ -46,11 +47,8 @@ def _used_arrays(s):
     end = s.node_end
     out = {"tokens": s.tokens[:tok], "values": s.values[:tok] if s.has_values else s.values[:0],
            "term": s.term[: (end + 7) // 8], "table": s.table, "meta": s.meta}
-    for name in s.NODE_ARRAYS:
+    for name in s.per_node_arrays:
         out[name] = getattr(s, name)[:end]
-    if s.track:
-        for name in s.TRACK_ARRAYS:
-            out[name] = getattr(s, name)[:end]
     return out
 
 
@@ -186,7 +184,7 @@ def build_storage(path, header, arrays, mmap):
             setattr(s, name, arr)
         if not s.track:
             for name in TreeStorage.TRACK_ARRAYS:
-                setattr(s, name, np.zeros(0, _track_dtype(name)))
+                setattr(s, name, np.zeros(0, TRACK_DTYPES[name]))
     else:
         tcap = max(_MIN_TOKENS, tok + tok // 4)
         ncap = max(_MIN_NODES, end + end // 4)
@@ -195,7 +193,7 @@ def build_storage(path, header, arrays, mmap):
         for name in TreeStorage.NODE_ARRAYS:
             setattr(s, name, _padded(arrays[name], ncap))
         for name in TreeStorage.TRACK_ARRAYS:
-            setattr(s, name, _padded(arrays[name], ncap) if s.track else np.zeros(0, _track_dtype(name)))
+            setattr(s, name, _padded(arrays[name], ncap) if s.track else np.zeros(0, TRACK_DTYPES[name]))
         s.term = _padded(arrays["term"], (ncap + 7) // 8)
         s.table = np.array(table)
         s.meta = np.array(meta)
@@ -206,11 +204,6 @@ def build_storage(path, header, arrays, mmap):
     except AssertionError as exc:
         _fail(path, f"inconsistent tree ({exc})")
     return s
-
-
-def _track_dtype(name):
-    return {"lock": np.int32, "stamp": np.int64, "hpos": np.int32, "heap": np.int32,
-            "gen": np.uint32, "own": np.int32}[name]
 
 
 def _padded(arr, cap):

@@ -14,6 +14,9 @@ SUPPORTED_DTYPES = tuple(
 )
 _MIN_NODES = 16
 _MIN_TOKENS = 256
+# the prefix-cache bookkeeping arrays (one entry per node) and their dtypes
+TRACK_DTYPES = {"lock": np.int32, "stamp": np.int64, "hpos": np.int32, "heap": np.int32,
+                "gen": np.uint32, "own": np.int32}
 
 
 def token_dtype(dtype):
@@ -55,12 +58,9 @@ class TreeStorage:
         self.term = np.zeros((ncap + 7) // 8, np.uint8)
         self.table = np.full(_table_size_for(ncap), K.NO_NODE, np.int32)
         tn = ncap if self.track else 0
-        self.lock = np.zeros(tn, np.int32)
-        self.stamp = np.zeros(tn, np.int64)
-        self.hpos = np.full(tn, -1, np.int32)
-        self.heap = np.zeros(tn, np.int32)
-        self.gen = np.zeros(tn, np.uint32)
-        self.own = np.zeros(tn, np.int32)
+        for name, dt in TRACK_DTYPES.items():
+            setattr(self, name, np.zeros(tn, dt))
+        self.hpos[:] = -1
         self.meta = np.zeros(K.META_SIZE, np.int64)
         self.meta[K.M_FREE_HEAD] = K.NO_NODE
         self._pack()
@@ -68,7 +68,13 @@ class TreeStorage:
 
     # ------------------------------------------------------------ packing
     NODE_ARRAYS = ("start", "length", "parent", "nchild", "cxor")
-    TRACK_ARRAYS = ("lock", "stamp", "hpos", "heap", "gen", "own")
+    TRACK_ARRAYS = tuple(TRACK_DTYPES)
+
+    @property
+    def per_node_arrays(self):
+        """Names of the arrays with one entry per node id (the terminal
+        bitmap aside)."""
+        return self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ())
 
     def _pack(self):
         self.T = (self.tokens, self.values, self.start, self.length, self.parent,
@@ -98,7 +104,7 @@ class TreeStorage:
             changed = True
         need_n = int(meta[K.M_NODE_END]) + max(0, int(nodes) - int(meta[K.M_FREE_COUNT]))
         if need_n > self.start.shape[0]:
-            self._grow_nodes(max(2 * self.start.shape[0], need_n))
+            self._resize_nodes(max(2 * self.start.shape[0], need_n))
             changed = True
         need_slots = int(meta[K.M_NODES]) + int(nodes)
         if need_slots * 10 > self.table.shape[0] * 7:  # same test as the kernels' has_room
@@ -122,7 +128,7 @@ class TreeStorage:
         end = self.node_end
         target = max(_MIN_NODES, end + end // 4)
         if self.start.shape[0] > 2 * target:
-            for name in self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ()):
+            for name in self.per_node_arrays:
                 setattr(self, name, _shrunk(getattr(self, name), target))
             self.term = _shrunk(self.term, (target + 7) // 8)
         self._pack()
@@ -133,14 +139,12 @@ class TreeStorage:
         if self.has_values:
             self.values = _resized(self.values, cap, used)
 
-    def _grow_nodes(self, cap):
+    def _resize_nodes(self, cap):
+        """Copy every per-node array (and the bitmap) into ``cap`` entries."""
         end = self.node_end
-        for name in self.NODE_ARRAYS:
+        for name in self.per_node_arrays:
             setattr(self, name, _resized(getattr(self, name), cap, end))
         self.term = _resized(self.term, (cap + 7) // 8, (end + 7) // 8)
-        if self.track:
-            for name in self.TRACK_ARRAYS:
-                setattr(self, name, _resized(getattr(self, name), cap, end))
 
     def _rebuild_table(self, size):
         self.table = np.full(size, K.NO_NODE, np.int32)
@@ -165,11 +169,9 @@ class TreeStorage:
         used = {"tokens": tok_used, "values": tok_used if self.has_values else 0,
                 "term": (end + 7) // 8, "table": self.table.shape[0],
                 "meta": self.meta.shape[0]}
-        for name in self.NODE_ARRAYS:
+        for name in self.per_node_arrays:
             used[name] = end
         if self.track:
-            for name in self.TRACK_ARRAYS:
-                used[name] = end
             used["heap"] = int(self.meta[K.M_HEAP_SIZE])
         out = {}
         for name, n in used.items():
@@ -193,11 +195,7 @@ class TreeStorage:
         self.meta[K.M_TOK_USED] = live
         self.meta[K.M_DEAD_TOKENS] = 0
         end = self.node_end
-        ncap = max(_MIN_NODES, end + int(end * extra))
-        names = self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ())
-        for name in names:
-            setattr(self, name, _resized(getattr(self, name), ncap, end))
-        self.term = _resized(self.term, (ncap + 7) // 8, (end + 7) // 8)
+        self._resize_nodes(max(_MIN_NODES, end + int(end * extra)))
         nodes = int(self.meta[K.M_NODES])
         self._rebuild_table(_smallest_table_for(nodes + int(nodes * extra)))
         self._pack()
