@@ -892,6 +892,45 @@ def pc_plan_insert(T, root, q, qs, qn, page):
 
 
 @kernel
+def pc_room(T, root, q, qs, n, page, cap):
+    """The capacity rule of an insert of ``q[qs:qs+n]`` under ``root``
+    (``root < 0``: a namespace with nothing cached yet): ``(need, protect)``
+    where ``need`` is 0 when it fits, the tokens to evict first (whole pages)
+    while ``protect`` (the deepest node of the path the insert extends; -1 or
+    the root for none) is held locked, or -1 when even evicting everything
+    else cannot make room."""
+    meta = T[15]
+    if root < 0:
+        cached, protect, unlocked = 0, -1, 0
+    else:
+        cached, protect, unlocked = pc_plan_insert(T, root, q, qs, n, page)
+    new = n - cached
+    over = meta[M_TOKENS] + new - cap
+    if over <= 0:
+        return 0, protect
+    if new > cap or meta[M_TOKENS] - meta[M_LOCKED_TOKENS] - unlocked < over:
+        return -1, protect
+    return -(-over // page) * page, protect
+
+
+@kernel
+def pc_make_room(T, root, q, qs, n, page, cap, out):
+    """Apply ``pc_room``: evict what the insert needs with its path locked
+    meanwhile (freed values to ``out``). Returns the tokens freed, or -1
+    (nothing changed) when the insert cannot fit."""
+    need, protect = pc_room(T, root, q, qs, n, page, cap)
+    if need <= 0:
+        return need
+    guard = protect >= 0 and protect != root
+    if guard:
+        pc_lock(T, protect, 1)
+    freed = pc_evict(T, need, page, out)
+    if guard:
+        pc_lock(T, protect, -1)
+    return freed
+
+
+@kernel
 def pc_lock(T, node, delta):
     """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
     count and the subtree count of it and every ancestor change, keeping the
@@ -1062,20 +1101,8 @@ def _host_store(Th, root, flat, qs, n, page, hcap):
     (LRU eviction under ``hcap``, skipped when it cannot fit). Needs room for
     ``n`` tokens and 2 nodes. Returns the new tokens the host took in."""
     meta = Th[15]
-    if hcap >= 0:
-        cached, protect, unlocked = pc_plan_insert(Th, root, flat, qs, n, page)
-        new = n - cached
-        over = meta[M_TOKENS] + new - hcap
-        if over > 0:
-            evictable = meta[M_TOKENS] - meta[M_LOCKED_TOKENS]
-            if new > hcap or evictable - unlocked < over:
-                return 0
-            guard = protect != root
-            if guard:
-                pc_lock(Th, protect, 1)
-            pc_evict(Th, -(-over // page) * page, page, Th[1])
-            if guard:
-                pc_lock(Th, protect, -1)
+    if hcap >= 0 and pc_make_room(Th, root, flat, qs, n, page, hcap, Th[1]) < 0:
+        return 0
     meta[M_CLOCK] += 1
     v, cached = insert_one(Th, root, flat, qs, n, flat, qs, page, True, meta[M_CLOCK])
     return n - cached
@@ -1140,20 +1167,17 @@ def replay_run(Td, Th, roots_d, roots_h, flat, offsets, positions, order, win, p
             state[S_NEED] = 0
             state[S_PHASE] = 2
             if cap >= 0:
-                cached, protect, unlocked = pc_plan_insert(Td, roots_d[i], flat, qs, qn, page)
-                new = qn - cached
-                over = dmeta[M_TOKENS] + new - cap
-                if over > 0:
-                    evictable = dmeta[M_TOKENS] - dmeta[M_LOCKED_TOKENS]
-                    if new > cap or evictable - unlocked < over:
-                        rejected[i] = True
-                        state[S_PHASE] = 0
-                        state[S_STEP] += 1
-                        continue
+                need, protect = pc_room(Td, roots_d[i], flat, qs, qn, page, cap)
+                if need < 0:
+                    rejected[i] = True
+                    state[S_PHASE] = 0
+                    state[S_STEP] += 1
+                    continue
+                if need > 0:
                     if protect != roots_d[i]:
                         pc_lock(Td, protect, 1)
                         state[S_PROTECT] = protect
-                    state[S_NEED] = -(-over // page) * page
+                    state[S_NEED] = need
                     state[S_PHASE] = 1
         i = state[S_REQ]
         if state[S_PHASE] == 1:

@@ -21,6 +21,7 @@ from .reference_prefix import _STATS, CacheFullError, EvictResult, InsertResult,
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
+_NO_VALUES = np.empty(0, np.int64)
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -250,7 +251,7 @@ class PrefixCache(TreeCache):
         check_fits(q, s.dtype)
         vals = self._check_values(values, q.shape[0])
         n = self._aligned(q.shape[0])
-        evicted = self._nothing_evicted()
+        evicted = self._evicted(0, _NO_VALUES)
         if self._capacity is not None and n:
             evicted = self._make_room(self._root(namespace, create=False), q, n)
         root = self._root(namespace)
@@ -274,35 +275,24 @@ class PrefixCache(TreeCache):
             raise ValueError(f"values has {vals.shape[0]} entries for {n} tokens")
         return vals
 
-    def _nothing_evicted(self):
-        return EvictResult(0, np.empty(0, np.int64) if self.has_values else None)
+    def _evicted(self, freed, out):
+        return EvictResult(freed, out[:freed] if self.has_values else None)
 
     def _make_room(self, root, q, n):
         """Evict what inserting ``q[:n]`` under ``root`` (None: a namespace
         not made yet) needs, never from the path the insert extends; or
         raise ``CacheFullError`` having changed nothing."""
         s = self._s
-        if root is None:
-            cached, protect, unlocked = 0, None, 0
-        else:
-            cached, protect, unlocked = K.pc_plan_insert(s.T, root, q, 0, n, self._page)
-        new = n - int(cached)
-        overflow = self.total_tokens + new - self._capacity
-        if overflow <= 0:
-            return self._nothing_evicted()
-        if new > self._capacity or self.evictable_tokens - int(unlocked) < overflow:
+        out = np.empty(n if self.has_values else 0, np.int64)
+        freed = K.pc_make_room(s.T, -1 if root is None else root, q, 0, n, self._page,
+                               self._capacity, out)
+        if freed < 0:
             raise CacheFullError(
-                f"inserting {new} new tokens needs {overflow} evicted, but only "
-                f"{self.evictable_tokens - int(unlocked)} are evictable outside the request's "
-                f"own path (capacity {self._capacity}, locked {self.locked_tokens})")
-        guard = protect is not None and protect != root
-        if guard:
-            K.pc_lock(s.T, protect, 1)
-        try:
-            return self.evict(overflow)
-        finally:
-            if guard:
-                K.pc_lock(s.T, protect, -1)
+                f"no room to insert {n} tokens: capacity {self._capacity}, "
+                f"{self.total_tokens} cached of which {self.locked_tokens} locked, and the "
+                "request's own path is never evicted")
+        self._stats["evicted_tokens"] += freed
+        return self._evicted(freed, out)
 
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
@@ -337,7 +327,7 @@ class PrefixCache(TreeCache):
         out = np.empty(n if self.has_values else 0, np.int64)
         freed = int(K.pc_evict(s.T, n, self._page, out))
         self._stats["evicted_tokens"] += freed
-        return EvictResult(freed, out[:freed] if self.has_values else None)
+        return self._evicted(freed, out)
 
     # ------------------------------------------------------------ state
     def _extra_state(self):
