@@ -152,7 +152,7 @@ def section_batch(repeat):
 
 
 def section_prefix(repeat):
-    from radix_soa.reference_prefix import ReferencePrefixCache
+    from radix_soa.baselines.reference_prefix import ReferencePrefixCache
 
     radix_soa.warmup()
     rng = np.random.default_rng(0)
@@ -231,7 +231,7 @@ def section_prefix(repeat):
 def section_memory(repeat):
     import tempfile
 
-    from radix_soa.reference import ReferenceRadixTree
+    from radix_soa.baselines.reference import ReferenceRadixTree
     import tracemalloc
 
     radix_soa.warmup()
@@ -279,7 +279,7 @@ def section_memory(repeat):
 
 
 def section_replay(repeat):
-    from radix_soa.replay_reference import replay_reference
+    from radix_soa.baselines.replay_reference import replay_reference
 
     radix_soa.warmup()
     trace = common.mooncake_conversation()

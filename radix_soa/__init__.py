@@ -6,21 +6,27 @@ stored as NumPy struct-of-arrays and driven by Numba kernels.
 >>> rc.insert([1, 2, 3]); rc.exists([1, 2, 3])
 True
 True
+
+The product (``RadixCache``, ``PrefixCache``, batches, persistence) is at the
+top level; ``radix_soa.studies`` holds the workloads, traces, replay and
+footprint studies (``rs.traces``, ``rs.workloads``, ``rs.replay``,
+``rs.sweep`` are kept here too), ``radix_soa.baselines`` the pure-Python and
+array baselines.
 """
 
-from ._invariants import InvariantError
+from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
+                       ReadOnlyTreeError, TreeFormatError)
 from .batch import Batch, pack
-from ._warmup import warmup
 from .radix_cache import RadixCache
-from .prefix_cache import CacheFullError, EvictResult, InsertResult, Match, PrefixCache
-from . import schedule, traces, workloads
-from .simulate import ReplayResult, SweepResult, replay, sweep
-from .replay_reference import replay_reference
-from .footprint import FootprintTable, compare_footprint
-from ._persist import ReadOnlyTreeError, TreeFormatError
+from .prefix_cache import PrefixCache
+from .studies import schedule, traces, workloads
+from .studies.replay import ReplayResult, SweepResult, replay, sweep
+from .studies.footprint import FootprintTable, compare_footprint
+from .baselines.replay_reference import replay_reference
+from ._warmup import warmup
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
            "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
            "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
            "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

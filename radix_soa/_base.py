@@ -4,6 +4,7 @@ compaction, persistence and pickling of their ``TreeStorage``."""
 import os
 
 from . import _persist
+from ._results import ReadOnlyTreeError
 
 
 class TreeCache:
@@ -44,7 +45,7 @@ class TreeCache:
 
     def _writable(self):
         if self._s.readonly:
-            raise _persist.ReadOnlyTreeError(
+            raise ReadOnlyTreeError(
                 f"this {type(self).__name__} is memory-mapped read-only; load it with "
                 "mmap=False to change it")
 

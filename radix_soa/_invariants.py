@@ -7,13 +7,10 @@ cost O(1); ``full=True`` re-derives everything from the arrays.
 
 import numpy as np
 
-from . import _kernels as K
+from ._kernels.layout import FREE, MAX_LOAD, NO_NODE, TREE_FIELDS
+from ._results import InvariantError
 
 _U = np.uint64
-
-
-class InvariantError(AssertionError):
-    """A structural invariant of the tree does not hold."""
 
 
 def _require(cond, message):
@@ -42,46 +39,71 @@ def np_key_hash(parents, pages):
     return h
 
 
+def check_views(s):
+    """The arrays the kernels are handed are the storage's own arrays, with
+    consistent sizes (a growth that went half-way would break this)."""
+    tree = s.tree
+    _require(len(s.T) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.T, tree)),
+             "the kernels' tree tuple is the storage's arrays")
+    _require(all(a is getattr(tree, n) for a, n in
+                 zip(s.R, ("tokens", "start", "length", "parent", "term", "table"))),
+             "the lookup arguments are the storage's arrays")
+    _require(all(a is getattr(tree, n) for a, n in
+                 zip(s.M, ("tokens", "start", "length", "parent", "table"))),
+             "the match arguments are the storage's arrays")
+    ncap = tree.start.shape[0]
+    _require(all(getattr(tree, n).shape[0] == ncap for n in s.per_node_arrays),
+             "every per-node array has the same length")
+    if not s.track:
+        _require(all(getattr(tree, n).shape[0] == 0 for n in ("lock", "stamp", "hpos", "heap",
+                                                              "gen", "own")),
+                 "an untracked tree has no bookkeeping arrays")
+    _require(tree.term.shape[0] >= (ncap + 7) // 8, "the terminal bitmap covers every node id")
+    size = tree.table.shape[0]
+    _require(size >= 16 and size & (size - 1) == 0, "the child table size is a power of two")
+    _require(tree.values.shape[0] == (tree.tokens.shape[0] if s.has_values else 0),
+             "the values buffer is parallel to the tokens (or empty)")
+    _require(tree.tokens.dtype == s.dtype, "the token buffer has the tree's dtype")
+
+
 def check_tree(s, full=True, canonical=False):
-    meta = s.meta
-    end = int(meta[K.M_NODE_END])
-    _require(0 <= int(meta[K.M_TOK_USED]) <= s.tokens.shape[0], "token high-water mark within the buffer")
+    check_views(s)
+    end = s.node_end
+    _require(0 <= s.count("tok_used") <= s.tokens.shape[0], "token high-water mark within the buffer")
     _require(0 <= end <= s.start.shape[0], "node high-water mark within the node arrays")
-    _require(int(meta[K.M_NODES]) <= MAX_LOAD * s.table.shape[0] + 1e-9, "child table load <= 0.7")
-    _require(int(meta[K.M_TERMINALS]) >= 0 and int(meta[K.M_NODES]) >= 0, "counters non-negative")
-    if s.has_values:
-        _require(s.values.shape[0] == s.tokens.shape[0], "values buffer parallel to tokens")
+    _require(s.count("nodes") <= MAX_LOAD * s.table.shape[0] + 1e-9, "child table load <= 0.7")
+    _require(s.count("terminals") >= 0 and s.count("nodes") >= 0, "counters non-negative")
     if not full:
         return
     page = s.page_size
     length = s.length[:end].astype(np.int64)
     parent = s.parent[:end].astype(np.int64)
     start = s.start[:end]
-    free = length == K.FREE
+    free = length == FREE
     root = (parent == -1) & (length == 0)
     live = ~free & ~root
     _require(np.all(free | root | ((length > 0) & (parent >= 0))),
              "every node is free, a root (no span, no parent) or has a span and a parent")
-    _require(int(root.sum()) == int(meta[K.M_ROOTS]), "root count matches meta")
+    _require(int(root.sum()) == s.count("roots"), "root count matches meta")
     _require(s.root < end and root[s.root], "the default root is a root")
 
     # free list covers exactly the free ids
     seen = np.zeros(end, bool)
-    f = int(meta[K.M_FREE_HEAD])
+    f = s.count("free_head")
     count = 0
-    while f != K.NO_NODE:
+    while f != NO_NODE:
         _require(0 <= f < end and free[f] and not seen[f], "free list links free ids, once each")
         seen[f] = True
         f = int(start[f])
         count += 1
-    _require(count == int(free.sum()) == int(meta[K.M_FREE_COUNT]), "free list holds every free id")
+    _require(count == int(free.sum()) == s.count("free_count"), "free list holds every free id")
 
     ids = np.flatnonzero(live)
     par = parent[ids]
     _require(np.all(par < end), "parents are node ids")
     _require(np.all(~free[par]), "no live node hangs off a free node")
-    _require(len(ids) == int(meta[K.M_NODES]), "live node count matches meta")
-    _require(int(length[ids].sum()) == int(meta[K.M_TOKENS]), "token count matches meta")
+    _require(len(ids) == s.count("nodes"), "live node count matches meta")
+    _require(int(length[ids].sum()) == s.count("tokens"), "token count matches meta")
     if page > 1:
         _require(np.all(length[ids] % page == 0), "spans are whole pages")
 
@@ -101,16 +123,16 @@ def check_tree(s, full=True, canonical=False):
     # spans: inside the used buffer and pairwise disjoint
     st = start[ids]
     ln = length[ids]
-    _require(np.all(st >= 0) and np.all(st + ln <= int(meta[K.M_TOK_USED])), "spans inside the used buffer")
+    _require(np.all(st >= 0) and np.all(st + ln <= s.count("tok_used")), "spans inside the used buffer")
     order = np.argsort(st, kind="stable")
     st_s, ln_s = st[order], ln[order]
     _require(np.all(st_s[:-1] + ln_s[:-1] <= st_s[1:]), "spans do not overlap")
-    dead = int(meta[K.M_TOK_USED]) - int(ln.sum())
-    _require(dead == int(meta[K.M_DEAD_TOKENS]), "dead token count matches meta")
+    dead = s.count("tok_used") - int(ln.sum())
+    _require(dead == s.count("dead_tokens"), "dead token count matches meta")
 
     # child table: every live non-root node exactly once, reachable by probing
     table = s.table
-    filled = table != K.NO_NODE
+    filled = table != NO_NODE
     entries = table[filled].astype(np.int64)
     _require(len(entries) == len(ids), "table holds one entry per live node")
     _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
@@ -129,7 +151,7 @@ def check_tree(s, full=True, canonical=False):
     _require(len(np.unique(keys, axis=0)) == len(entries), "siblings have distinct first pages")
 
     terms = s.terminal_mask()
-    _require(int(terms.sum()) == int(meta[K.M_TERMINALS]), "terminal count matches meta")
+    _require(int(terms.sum()) == s.count("terminals"), "terminal count matches meta")
     _require(not np.any(terms & ~live), "only live nodes are terminal")
     if canonical:
         inner = live & ~terms
@@ -139,8 +161,6 @@ def check_tree(s, full=True, canonical=False):
         _check_tracking(s, end, live, root, free, length, parent, nchild[:end])
 
 
-MAX_LOAD = 0.7
-
 
 def _first_pages(tokens, start, entries, page):
     idx = start[entries][:, None] + np.arange(page)[None, :]
@@ -148,7 +168,6 @@ def _first_pages(tokens, start, entries, page):
 
 
 def _check_tracking(s, end, live, root, free, length, parent, nchild):
-    meta = s.meta
     lock = s.lock[:end].astype(np.int64)
     _require(np.all(lock[~free] >= 0), "lock counts are non-negative")
     ids = np.flatnonzero(live)
@@ -159,8 +178,8 @@ def _check_tracking(s, end, live, root, free, length, parent, nchild):
     _require(np.array_equal(lock[live], own[live] + below[live]),
              "a node's lock count is its own locks plus its children's counts")
     locked = int(length[ids][lock[ids] > 0].sum())
-    _require(locked == int(meta[K.M_LOCKED_TOKENS]), "locked token count matches the locks")
-    hsize = int(meta[K.M_HEAP_SIZE])
+    _require(locked == s.count("locked_tokens"), "locked token count matches the locks")
+    hsize = s.count("heap_size")
     heap = s.heap[:hsize].astype(np.int64)
     hpos = s.hpos[:end].astype(np.int64)
     evictable = live & (nchild == 0) & (lock == 0)

@@ -21,34 +21,29 @@ import zlib
 
 import numpy as np
 
-from . import _kernels as K
 from ._invariants import check_tree
-from ._storage import (SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage, _MIN_NODES, _MIN_TOKENS,
-                       token_dtype)
+from ._kernels.layout import META_SIZE, NODE_FIELDS, TRACK_FIELDS, Tree
+from ._results import InvariantError, TreeFormatError
+from ._storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
+                       high_water_marks, token_dtype)
 
 FORMAT = "radix_soa"
-VERSION = 1
+VERSION = 2
+# version 1 kept 16 counter slots (the statistics lived in the header state)
+READABLE_VERSIONS = {1: 16, 2: META_SIZE}
 HEADER = "header.json"
 # arrays too large to checksum on a memory-mapped load (it must stay instant)
 _BULK = ("tokens", "values")
 
 
-class TreeFormatError(ValueError):
-    """A saved tree is truncated, corrupted, foreign or of another version."""
-
-
-class ReadOnlyTreeError(RuntimeError):
-    """A memory-mapped tree was asked to change."""
-
-
 def _used_arrays(s):
     """The used part of every array of a storage, by name."""
-    tok = int(s.meta[K.M_TOK_USED])
-    end = s.node_end
-    out = {"tokens": s.tokens[:tok], "values": s.values[:tok] if s.has_values else s.values[:0],
-           "term": s.term[: (end + 7) // 8], "table": s.table, "meta": s.meta}
+    tree = s.tree  # one snapshot of the arrays
+    tok, end = high_water_marks(tree.meta)
+    out = {"tokens": tree.tokens[:tok], "values": tree.values[:tok], "term": tree.term[: (end + 7) // 8],
+           "table": tree.table, "meta": tree.meta}
     for name in s.per_node_arrays:
-        out[name] = getattr(s, name)[:end]
+        out[name] = getattr(tree, name)[:end]
     return out
 
 
@@ -117,7 +112,7 @@ def read_header(path, cls):
         _fail(path, f"{HEADER} is not valid JSON ({exc})")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         _fail(path, "not a saved radix_soa tree (foreign header)")
-    if header.get("version") != VERSION:
+    if header.get("version") not in READABLE_VERSIONS:
         _fail(path, f"format version {header.get('version')!r} is not supported (this is {VERSION})")
     if header.get("class") != cls.__name__:
         _fail(path, f"holds a {header.get('class')}, not a {cls.__name__}")
@@ -155,53 +150,52 @@ def load_arrays(path, header, mmap):
 def build_storage(path, header, arrays, mmap):
     """A ``TreeStorage`` over loaded arrays: views of the memory maps
     (read-only) or copies with headroom; validated before it is returned."""
-    need = ["tokens", "values", "term", "table", "meta"] + list(TreeStorage.NODE_ARRAYS)
-    if header.get("track"):
-        need += list(TreeStorage.TRACK_ARRAYS)
+    track = bool(header.get("track"))
+    need = ["tokens", "values", "term", "table", "meta"] + list(NODE_FIELDS)
+    if track:
+        need += list(TRACK_FIELDS)
     missing = [n for n in need if n not in arrays]
     if missing:
         _fail(path, f"missing arrays {missing}")
     meta = arrays["meta"]
-    if meta.shape[0] != K.META_SIZE or meta.dtype != np.int64:
+    if meta.shape[0] != READABLE_VERSIONS[header["version"]] or meta.dtype != np.int64:
         _fail(path, "meta array has the wrong size")
-    tok, end = int(meta[K.M_TOK_USED]), int(meta[K.M_NODE_END])
-    if arrays["tokens"].shape[0] != tok or any(arrays[n].shape[0] != end for n in TreeStorage.NODE_ARRAYS):
+    if meta.shape[0] < META_SIZE:  # an older version: more slots now, zero at first
+        meta = np.concatenate([meta, np.zeros(META_SIZE - meta.shape[0], np.int64)])
+    tok, end = high_water_marks(meta)
+    if arrays["tokens"].shape[0] != tok or any(arrays[n].shape[0] != end for n in NODE_FIELDS):
         _fail(path, "array lengths disagree with the counters in meta")
     table = arrays["table"]
     if table.shape[0] < 16 or table.shape[0] & (table.shape[0] - 1):
         _fail(path, "child table size is not a power of two")
-    s = TreeStorage.__new__(TreeStorage)
-    s.dtype = token_dtype(header["dtype"])
-    s.has_values = bool(header.get("values"))
-    s.track = bool(header.get("track"))
-    s.page_size = int(header.get("page_size", 1))
-    s.root = int(header.get("root", 0))
-    s.readonly = bool(mmap)
-    if arrays["tokens"].dtype != s.dtype:
+    dtype = token_dtype(header["dtype"])
+    has_values = bool(header.get("values"))
+    if arrays["tokens"].dtype != dtype:
         _fail(path, "token array dtype disagrees with the header")
+    untracked = {name: np.zeros(0, TRACK_DTYPES[name]) for name in TRACK_FIELDS}
     if mmap:
-        for name, arr in arrays.items():
-            setattr(s, name, arr)
-        if not s.track:
-            for name in TreeStorage.TRACK_ARRAYS:
-                setattr(s, name, np.zeros(0, TRACK_DTYPES[name]))
+        fields = {name: arrays[name] for name in need}
+        fields["meta"] = meta if meta is not arrays["meta"] else np.array(meta)
+        if not track:
+            fields.update(untracked)
     else:
-        tcap = max(_MIN_TOKENS, tok + tok // 4)
-        ncap = max(_MIN_NODES, end + end // 4)
-        s.tokens = _padded(arrays["tokens"], tcap)
-        s.values = _padded(arrays["values"], tcap if s.has_values else 0)
-        for name in TreeStorage.NODE_ARRAYS:
-            setattr(s, name, _padded(arrays[name], ncap))
-        for name in TreeStorage.TRACK_ARRAYS:
-            setattr(s, name, _padded(arrays[name], ncap) if s.track else np.zeros(0, TRACK_DTYPES[name]))
-        s.term = _padded(arrays["term"], (ncap + 7) // 8)
-        s.table = np.array(table)
-        s.meta = np.array(meta)
+        tcap = max(MIN_TOKENS, tok + tok // 4)
+        ncap = max(MIN_NODES, end + end // 4)
+        fields = {"tokens": _padded(arrays["tokens"], tcap),
+                  "values": _padded(arrays["values"], tcap if has_values else 0),
+                  "term": _padded(arrays["term"], (ncap + 7) // 8),
+                  "table": np.array(table), "meta": np.array(meta)}
+        for name in NODE_FIELDS:
+            fields[name] = _padded(arrays[name], ncap)
+        for name in TRACK_FIELDS:
+            fields[name] = _padded(arrays[name], ncap) if track else untracked[name]
+    s = TreeStorage.from_tree(Tree(**fields), dtype=dtype, values=has_values, track=track,
+                              page_size=int(header.get("page_size", 1)),
+                              root=int(header.get("root", 0)), readonly=mmap)
     _check_ranges(path, s)
-    s._pack()
     try:
         check_tree(s, full=False)
-    except AssertionError as exc:
+    except InvariantError as exc:
         _fail(path, f"inconsistent tree ({exc})")
     return s
 
@@ -216,8 +210,7 @@ def _check_ranges(path, s):
     """Every index the kernels follow stays inside its array, so even a
     tree corrupted past its checksums cannot make a kernel read out of
     bounds."""
-    meta = s.meta
-    tok, end = int(meta[K.M_TOK_USED]), int(meta[K.M_NODE_END])
+    tok, end = s.count("tok_used"), s.node_end
     length = s.length[:end]
     start = s.start[:end]
     parent = s.parent[:end]
@@ -229,9 +222,9 @@ def _check_ranges(path, s):
           and s.term.shape[0] >= (end + 7) // 8)
     table = s.table
     ok = ok and bool(np.all((table >= -1) & (table < end)))
-    ok = ok and 0 <= int(meta[K.M_NODES]) <= table.shape[0] and 0 <= s.root < end
+    ok = ok and 0 <= s.count("nodes") <= table.shape[0] and 0 <= s.root < end
     if s.track:
-        hsize = int(meta[K.M_HEAP_SIZE])
+        hsize = s.count("heap_size")
         ok = ok and 0 <= hsize <= end and bool(np.all((s.heap[:hsize] >= 0) & (s.heap[:hsize] < end)))
         ok = ok and bool(np.all(s.hpos[:end] < max(hsize, 1)))
     if not ok:

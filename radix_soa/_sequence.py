@@ -7,6 +7,7 @@ checked only where it would be stored.
 
 import functools
 import operator
+import re
 import struct
 from collections.abc import Sequence
 
@@ -40,6 +41,23 @@ def as_tokens(seq):
     if isinstance(seq, Sequence):
         return _list_tokens(list(seq))
     raise _container_error(seq)
+
+
+def as_values(seq):
+    """``as_tokens`` for per-token values: the same checks, with errors that
+    say "value".
+
+    >>> as_values([1, 2.5])
+    Traceback (most recent call last):
+    ...
+    TypeError: values must be integers; element 1 is float 2.5
+    """
+    try:
+        return as_tokens(seq)
+    except (TypeError, ValueError, OverflowError) as exc:
+        message = re.sub(r"\btoken(s?)\b", r"value\1", str(exc))
+        message = message.replace("a sequence must", "values must")
+        raise type(exc)(message) from None
 
 
 def _container_error(seq):

@@ -1,22 +1,50 @@
-"""The struct-of-arrays tree: allocation, amortized growth, counters.
+"""The struct-of-arrays tree: allocation, growth that cannot go half-way,
+the one grow-and-resume helper, compaction and the counters.
 
-``TreeStorage`` owns the arrays the kernels work on and makes room before a
-kernel runs. Arrays double when they fill up, so a long run of inserts costs
-amortized O(1) copying per token and per node.
+``TreeStorage`` owns the arrays the kernels work on. They are published as
+one unit (``_views``: the ``Tree`` named tuple, the plain tuple the kernels
+take, and the read-only argument tuples), replaced by a single assignment:
+growth first allocates and fills every new array, then swaps them all in at
+once, so a ``MemoryError`` or ``KeyboardInterrupt`` anywhere before the swap
+leaves the storage exactly as it was, and one after it leaves it grown.
+
+Arrays double when they fill up, so a long run of inserts costs amortized
+O(1) copying per token and per node. When the token buffer must grow and
+dead runs (left by removes, merges and evictions) outweigh the live tokens,
+it is compacted instead.
+
+>>> s = TreeStorage()
+>>> s.count("nodes"), s.tree.tokens.dtype.name
+(0, 'int64')
 """
 
 import numpy as np
 
-from . import _kernels as K
+from ._kernels import layout as L
+from ._kernels import mutation as KM
+from ._kernels import table as KT
+from ._kernels import walks as KW
+from ._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, TREE_FIELDS, Tree
+from ._results import InvariantError
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
 )
-_MIN_NODES = 16
-_MIN_TOKENS = 256
-# the prefix-cache bookkeeping arrays (one entry per node) and their dtypes
+MIN_NODES = 16
+MIN_TOKENS = 256
+# a token buffer that must grow is compacted instead when its dead runs
+# outnumber both its live tokens and this
+COMPACT_MIN_DEAD = 4096
+NODE_DTYPES = {"start": np.int64, "length": np.int32, "parent": np.int32, "nchild": np.int32,
+               "cxor": np.int32}
 TRACK_DTYPES = {"lock": np.int32, "stamp": np.int64, "hpos": np.int32, "heap": np.int32,
                 "gen": np.uint32, "own": np.int32}
+# the counters Python code reads, by name (the slots themselves stay here)
+COUNTERS = {"tok_used": L.M_TOK_USED, "node_end": L.M_NODE_END, "free_head": L.M_FREE_HEAD,
+            "free_count": L.M_FREE_COUNT, "nodes": L.M_NODES, "tokens": L.M_TOKENS,
+            "terminals": L.M_TERMINALS, "dead_tokens": L.M_DEAD_TOKENS,
+            "heap_size": L.M_HEAP_SIZE, "locked_tokens": L.M_LOCKED_TOKENS,
+            "clock": L.M_CLOCK, "roots": L.M_ROOTS, "tokens_inserted": L.M_TOKENS_INSERTED}
 
 
 def token_dtype(dtype):
@@ -31,6 +59,43 @@ def token_dtype(dtype):
     return dt
 
 
+def high_water_marks(meta):
+    """``(tokens used, node ids used)`` of a counter array."""
+    return int(meta[L.M_TOK_USED]), int(meta[L.M_NODE_END])
+
+
+def allocate(n, dtype, fill=0):
+    """A new array of ``n`` entries: every array the storage grows into is
+    made here (the fault-injection tests fail it on purpose)."""
+    if fill == 0:
+        return np.zeros(n, dtype)
+    return np.full(n, fill, dtype)
+
+
+def table_size_for(entries):
+    """Table size for ``entries`` with room to grow: at least twice the
+    entries and under the load limit."""
+    size = 16
+    while not KT.table_fits(entries, size) or size < 2 * entries:
+        size *= 2
+    return size
+
+
+def smallest_table_for(entries):
+    """Smallest table holding ``entries`` under the load limit."""
+    size = 16
+    while not KT.table_fits(entries, size):
+        size *= 2
+    return size
+
+
+def _copied(arr, cap, keep):
+    """``arr[:keep]`` in a new array of ``cap`` entries (zeros after)."""
+    out = allocate(cap, arr.dtype)
+    out[:keep] = arr[:keep]
+    return out
+
+
 class TreeStorage:
     """Parallel arrays of a radix tree over integer tokens.
 
@@ -40,120 +105,211 @@ class TreeStorage:
     """
 
     def __init__(self, dtype=np.int64, *, values=False, track=False, page_size=1,
-                 node_capacity=_MIN_NODES, token_capacity=_MIN_TOKENS):
+                 node_capacity=MIN_NODES, token_capacity=MIN_TOKENS):
         self.dtype = token_dtype(dtype)
         self.has_values = bool(values)
         self.track = bool(track)
         self.page_size = int(page_size)
         self.readonly = False
-        ncap = max(int(node_capacity), _MIN_NODES)
-        tcap = max(int(token_capacity), _MIN_TOKENS)
-        self.tokens = np.zeros(tcap, self.dtype)
-        self.values = np.zeros(tcap if self.has_values else 0, np.int64)
-        self.start = np.zeros(ncap, np.int64)
-        self.length = np.zeros(ncap, np.int32)
-        self.parent = np.zeros(ncap, np.int32)
-        self.nchild = np.zeros(ncap, np.int32)
-        self.cxor = np.zeros(ncap, np.int32)
-        self.term = np.zeros((ncap + 7) // 8, np.uint8)
-        self.table = np.full(_table_size_for(ncap), K.NO_NODE, np.int32)
+        ncap = max(int(node_capacity), MIN_NODES)
+        tcap = max(int(token_capacity), MIN_TOKENS)
         tn = ncap if self.track else 0
-        for name, dt in TRACK_DTYPES.items():
-            setattr(self, name, np.zeros(tn, dt))
-        self.hpos[:] = -1
-        self.meta = np.zeros(K.META_SIZE, np.int64)
-        self.meta[K.M_FREE_HEAD] = K.NO_NODE
-        self._pack()
+        arrays = {"tokens": allocate(tcap, self.dtype),
+                  "values": allocate(tcap if self.has_values else 0, np.int64),
+                  "term": allocate((ncap + 7) // 8, np.uint8),
+                  "table": allocate(table_size_for(ncap), np.int32, L.NO_NODE),
+                  "meta": allocate(L.META_SIZE, np.int64)}
+        arrays.update({name: allocate(ncap, dt) for name, dt in NODE_DTYPES.items()})
+        arrays.update({name: allocate(tn, dt) for name, dt in TRACK_DTYPES.items()})
+        arrays["hpos"][:] = -1
+        arrays["meta"][L.M_FREE_HEAD] = L.NO_NODE
+        self._publish(Tree(**arrays))
         self.root = self.new_root()
 
-    # ------------------------------------------------------------ packing
-    NODE_ARRAYS = ("start", "length", "parent", "nchild", "cxor")
-    TRACK_ARRAYS = tuple(TRACK_DTYPES)
+    @classmethod
+    def from_tree(cls, tree, *, dtype, values, track, page_size, root, readonly):
+        """A storage over existing arrays (a loaded or unpickled tree)."""
+        s = cls.__new__(cls)
+        s.dtype = token_dtype(dtype)
+        s.has_values = bool(values)
+        s.track = bool(track)
+        s.page_size = int(page_size)
+        s.readonly = bool(readonly)
+        s.root = int(root)
+        s._publish(tree)
+        return s
+
+    # ------------------------------------------------------------ the views
+    def _publish(self, tree):
+        """Make ``tree`` the storage's arrays, in one assignment."""
+        views = (tree, tuple(tree),
+                 (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table),
+                 (tree.tokens, tree.start, tree.length, tree.parent, tree.table))
+        self._views = views
+
+    @property
+    def tree(self):
+        """The arrays as a ``Tree`` named tuple."""
+        return self._views[0]
+
+    @property
+    def T(self):
+        """The arrays as the plain tuple mutating kernels take."""
+        return self._views[1]
+
+    @property
+    def R(self):
+        """``(tokens, start, length, parent, term, table)``: what ``exists`` reads."""
+        return self._views[2]
+
+    @property
+    def M(self):
+        """``(tokens, start, length, parent, table)``: what ``match`` reads."""
+        return self._views[3]
 
     @property
     def per_node_arrays(self):
         """Names of the arrays with one entry per node id (the terminal
         bitmap aside)."""
-        return self.NODE_ARRAYS + (self.TRACK_ARRAYS if self.track else ())
-
-    def _pack(self):
-        self.T = (self.tokens, self.values, self.start, self.length, self.parent,
-                  self.nchild, self.cxor, self.term, self.table, self.lock,
-                  self.stamp, self.hpos, self.heap, self.gen, self.own, self.meta)
-        # the arrays read-only walks need, in kernel argument order
-        self.R = (self.tokens, self.start, self.length, self.parent, self.term, self.table)
-        self.M = (self.tokens, self.start, self.length, self.parent, self.table)
+        return NODE_FIELDS + (TRACK_FIELDS if self.track else ())
 
     # ------------------------------------------------------------ counters
-    def m(self, slot):
-        return int(self.meta[slot])
+    def count(self, name):
+        """A counter by name (see ``COUNTERS``), as an int."""
+        return int(self._views[0].meta[COUNTERS[name]])
 
     @property
     def node_end(self):
-        return int(self.meta[K.M_NODE_END])
+        return int(self._views[0].meta[L.M_NODE_END])
+
+    def stats(self):
+        """The prefix-cache statistics kept in meta, by name."""
+        meta = self.tree.meta
+        return {name: int(meta[slot]) for name, slot in L.STAT_SLOTS.items()}
+
+    def set_stats(self, stats):
+        meta = self.tree.meta
+        for name, slot in L.STAT_SLOTS.items():
+            meta[slot] = int(stats.get(name, 0))
 
     # ------------------------------------------------------------ growth
     def reserve(self, tokens=0, nodes=0):
         """Make room for ``tokens`` more buffer tokens and ``nodes`` more
-        nodes (and their table entries) before a kernel runs."""
-        meta = self.meta
-        changed = False
-        need_t = int(meta[K.M_TOK_USED]) + int(tokens)
-        if need_t > self.tokens.shape[0]:
-            self._grow_tokens(max(2 * self.tokens.shape[0], need_t))
-            changed = True
-        need_n = int(meta[K.M_NODE_END]) + max(0, int(nodes) - int(meta[K.M_FREE_COUNT]))
-        if need_n > self.start.shape[0]:
-            self._resize_nodes(max(2 * self.start.shape[0], need_n))
-            changed = True
-        need_slots = int(meta[K.M_NODES]) + int(nodes)
-        if need_slots * 10 > self.table.shape[0] * 7:  # same test as the kernels' has_room
-            self._rebuild_table(_table_size_for(need_slots))
-            changed = True
-        if changed:
-            self._pack()
+        nodes (and their table entries) before a kernel runs. All or
+        nothing: the new arrays are swapped in together at the end."""
+        tree = self.tree
+        meta = tree.meta
+        tokens, nodes = int(tokens), int(nodes)
+        used = int(meta[L.M_TOK_USED])
+        changes = {}
+        if used + tokens > tree.tokens.shape[0]:
+            dead = int(meta[L.M_DEAD_TOKENS])
+            if dead > max(int(meta[L.M_TOKENS]), COMPACT_MIN_DEAD):
+                self._publish(self._compacted(0.5, tokens))
+                return self.reserve(tokens, nodes)
+            cap = max(2 * tree.tokens.shape[0], used + tokens)
+            changes["tokens"] = _copied(tree.tokens, cap, used)
+            if self.has_values:
+                changes["values"] = _copied(tree.values, cap, used)
+        end = int(meta[L.M_NODE_END])
+        need_n = end + max(0, nodes - int(meta[L.M_FREE_COUNT]))
+        if need_n > tree.start.shape[0]:
+            changes.update(self._node_arrays(tree, max(2 * tree.start.shape[0], need_n), end))
+        need_slots = int(meta[L.M_NODES]) + nodes
+        if not KT.table_fits(need_slots, tree.table.shape[0]):
+            changes["table"] = self._built_table(tree._replace(**changes),
+                                                 table_size_for(need_slots))
+        if changes:
+            self._publish(tree._replace(**changes))
+
+    def take_need(self):
+        """The room a kernel asked for with ``ROOM``: ``(tokens, nodes)``,
+        cleared once read."""
+        meta = self.tree.meta
+        need = int(meta[L.M_NEED_TOKENS]), int(meta[L.M_NEED_NODES])
+        meta[L.M_NEED_TOKENS] = 0
+        meta[L.M_NEED_NODES] = 0
+        return need
+
+    def run(self, call, plan=None):
+        """``resume(call, [self], plan)``."""
+        return resume(call, (self,), plan)
+
+    def _node_arrays(self, tree, cap, end):
+        """Every per-node array (and the bitmap) copied into ``cap`` entries."""
+        out = {name: _copied(getattr(tree, name), cap, end) for name in self.per_node_arrays}
+        out["term"] = _copied(tree.term, (cap + 7) // 8, (end + 7) // 8)
+        return out
+
+    def _built_table(self, tree, size):
+        table = allocate(size, np.int32, L.NO_NODE)
+        KT.table_rebuild(table, tree.tokens, tree.start, tree.length, tree.parent,
+                         int(tree.meta[L.M_NODE_END]), self.page_size)
+        return table
 
     def trim_slack(self):
         """Give back what a generous ``reserve`` left unused: when the token
         buffer or the node arrays hold more than twice what is used (plus a
-        quarter of headroom), shrink them to that. Shrinking reallocates in
-        place, which copies nothing for large buffers, and pages a
-        generous reservation never touched were never resident anyway."""
-        used = int(self.meta[K.M_TOK_USED])
-        target = max(_MIN_TOKENS, used + used // 4)
-        if self.tokens.shape[0] > 2 * target:
-            self.tokens = _shrunk(self.tokens, target)
+        quarter of headroom), shrink them to that."""
+        tree = self.tree
+        changes = {}
+        used = int(tree.meta[L.M_TOK_USED])
+        target = max(MIN_TOKENS, used + used // 4)
+        if tree.tokens.shape[0] > 2 * target:
+            changes["tokens"] = _copied(tree.tokens, target, used)
             if self.has_values:
-                self.values = _shrunk(self.values, target)
+                changes["values"] = _copied(tree.values, target, used)
         end = self.node_end
-        target = max(_MIN_NODES, end + end // 4)
-        if self.start.shape[0] > 2 * target:
-            for name in self.per_node_arrays:
-                setattr(self, name, _shrunk(getattr(self, name), target))
-            self.term = _shrunk(self.term, (target + 7) // 8)
-        self._pack()
+        target = max(MIN_NODES, end + end // 4)
+        if tree.start.shape[0] > 2 * target:
+            changes.update(self._node_arrays(tree, target, end))
+        if changes:
+            self._publish(tree._replace(**changes))
 
-    def _grow_tokens(self, cap):
-        used = int(self.meta[K.M_TOK_USED])
-        self.tokens = _resized(self.tokens, cap, used)
-        if self.has_values:
-            self.values = _resized(self.values, cap, used)
+    def new_root(self, namespace=0):
+        """Allocate a root for namespace number ``namespace`` (kept in the
+        root's ``start``); returns its id."""
+        status, root = self.run(lambda: KM.new_root(self.T, self.track, namespace))
+        return int(root)
 
-    def _resize_nodes(self, cap):
-        """Copy every per-node array (and the bitmap) into ``cap`` entries."""
+    def root_ids(self):
+        """Ids of every root, read from the arrays."""
+        t = self.tree
         end = self.node_end
-        for name in self.per_node_arrays:
-            setattr(self, name, _resized(getattr(self, name), cap, end))
-        self.term = _resized(self.term, (cap + 7) // 8, (end + 7) // 8)
+        return np.flatnonzero((t.parent[:end] == -1) & (t.length[:end] == 0))
 
-    def _rebuild_table(self, size):
-        self.table = np.full(size, K.NO_NODE, np.int32)
-        K.table_rebuild(self.table, self.tokens, self.start, self.length,
-                        self.parent, self.node_end, self.page_size)
+    def roots(self):
+        """``{namespace number: root id}`` for every root, read from the arrays."""
+        start = self.tree.start
+        return {int(start[r]): int(r) for r in self.root_ids()}
 
-    def new_root(self):
-        self.reserve(nodes=1)
-        return int(K.new_root(self.T, self.track))
+    # ------------------------------------------------------------ compaction
+    def compact(self, headroom=0.25):
+        """Rewrite the token (and value) buffer with only live spans, laid
+        out depth-first, and shrink every array to what is used plus
+        ``headroom`` (a fraction). Node ids (and so handles) do not change."""
+        self._publish(self._compacted(float(headroom)))
+
+    def _compacted(self, headroom, extra_tokens=0):
+        """The compacted tree, built beside the current one."""
+        tree = self.tree
+        meta = tree.meta
+        live = int(meta[L.M_TOKENS])
+        cap = max(MIN_TOKENS, live + max(int(live * headroom), extra_tokens))
+        end = self.node_end
+        changes = self._node_arrays(tree, max(MIN_NODES, end + int(end * headroom)), end)
+        changes["tokens"] = allocate(cap, self.dtype)
+        changes["values"] = allocate(cap if self.has_values else 0, np.int64)
+        written = KW.compact_spans(self.T, changes["start"], changes["tokens"], changes["values"])
+        if written != live:
+            raise InvariantError(f"compaction copied {written} tokens of {live} live ones")
+        changes["meta"] = new_meta = meta.copy()
+        new_meta[L.M_TOK_USED] = live
+        new_meta[L.M_DEAD_TOKENS] = 0
+        nodes = int(meta[L.M_NODES])
+        candidate = tree._replace(**changes)
+        table = self._built_table(candidate, smallest_table_for(nodes + int(nodes * headroom)))
+        return candidate._replace(table=table)
 
     # ------------------------------------------------------------ memory
     def array_usage(self):
@@ -164,50 +320,31 @@ class TreeStorage:
         child table (its empty slots are what keeps probing short); the heap
         up to its size.
         """
-        tok_used = int(self.meta[K.M_TOK_USED])
+        tree = self.tree
+        tok_used = self.count("tok_used")
         end = self.node_end
         used = {"tokens": tok_used, "values": tok_used if self.has_values else 0,
-                "term": (end + 7) // 8, "table": self.table.shape[0],
-                "meta": self.meta.shape[0]}
+                "term": (end + 7) // 8, "table": tree.table.shape[0],
+                "meta": tree.meta.shape[0]}
         for name in self.per_node_arrays:
             used[name] = end
         if self.track:
-            used["heap"] = int(self.meta[K.M_HEAP_SIZE])
+            used["heap"] = self.count("heap_size")
         out = {}
         for name, n in used.items():
-            arr = getattr(self, name)
+            arr = getattr(tree, name)
             out[name] = {"dtype": arr.dtype.name, "used_bytes": n * arr.itemsize,
                          "allocated_bytes": arr.nbytes}
         return out
-
-    def compact(self, headroom=0.25):
-        """Rewrite the token (and value) buffer with only live spans, laid
-        out depth-first, and shrink every array to what is used plus
-        ``headroom`` (a fraction). Node ids (and so handles) do not change."""
-        extra = float(headroom)
-        live = int(self.meta[K.M_TOKENS])
-        cap = max(_MIN_TOKENS, live + int(live * extra))
-        new_tokens = np.zeros(cap, self.dtype)
-        new_values = np.zeros(cap if self.has_values else 0, np.int64)
-        used = K.compact_spans(self.T, new_tokens, new_values)
-        assert used == live, "compaction copied every live token"
-        self.tokens, self.values = new_tokens, new_values
-        self.meta[K.M_TOK_USED] = live
-        self.meta[K.M_DEAD_TOKENS] = 0
-        end = self.node_end
-        self._resize_nodes(max(_MIN_NODES, end + int(end * extra)))
-        nodes = int(self.meta[K.M_NODES])
-        self._rebuild_table(_smallest_table_for(nodes + int(nodes * extra)))
-        self._pack()
 
     def memory_report(self):
         """Bytes of the arrays (used vs allocated) and what they hold."""
         arrays = self.array_usage()
         used = sum(a["used_bytes"] for a in arrays.values())
         total = sum(a["allocated_bytes"] for a in arrays.values())
-        stored = int(self.meta[K.M_TOKENS])
-        inserted = int(self.meta[K.M_TOKENS_INSERTED])
-        nodes = int(self.meta[K.M_NODES])
+        stored = self.count("tokens")
+        inserted = self.count("tokens_inserted")
+        nodes = self.count("nodes")
         per_token = arrays["tokens"]["used_bytes"] + arrays["values"]["used_bytes"]
         return {
             "total_bytes": total,
@@ -215,81 +352,85 @@ class TreeStorage:
             "slack_bytes": total - used,
             "tokens_inserted": inserted,
             "tokens_stored": stored,
-            "dead_tokens": int(self.meta[K.M_DEAD_TOKENS]),
+            "dead_tokens": self.count("dead_tokens"),
             "nodes": nodes,
             "bytes_per_stored_token": used / stored if stored else 0.0,
             "bytes_per_node": (used - per_token) / nodes if nodes else 0.0,
             "compression_ratio": inserted / stored if stored else 0.0,
             "arrays": arrays,
-            "counts": ("NumPy array bytes only: 'used' is each array up to its high-water mark "
-                       "(dead token runs included until compact()), the child hash table whole; "
-                       "'total' is what is allocated. Python object overhead (about a kilobyte "
-                       "per cache) is not counted."),
+            "counts": MEMORY_COUNTS,
         }
 
     # ------------------------------------------------------------ views
     def terminal_mask(self):
         end = self.node_end
-        bits = np.unpackbits(self.term, bitorder="little")[:end]
+        bits = np.unpackbits(self.tree.term, bitorder="little")[:end]
         return bits.astype(bool)
 
 
-def _table_size_for(entries):
-    size = 16
-    while entries * 10 > size * 7 or size < 2 * entries:
-        size *= 2
-    return size
+# What memory_report's byte counts include (True) and leave out (False).
+MEMORY_COUNTS = {
+    "numpy_array_bytes": True,          # every array of the tree, exactly
+    "dead_token_runs_in_used": True,    # until compact()
+    "child_table_whole": True,          # its empty slots keep probing short
+    "python_object_overhead": False,    # about a kilobyte per cache
+}
 
 
-def _smallest_table_for(entries):
-    """Smallest table holding ``entries`` under the 0.7 load limit."""
-    size = 16
-    while entries * 10 > size * 7:
-        size *= 2
-    return size
+def _field_property(name):
+    return property(lambda self: getattr(self._views[0], name),
+                    doc=f"The ``{name}`` array (see ``radix_soa._kernels.layout``).")
 
 
-def _shrunk(arr, cap):
-    """``arr[:cap]`` as an array of its own, shrunk in place when possible."""
-    try:
-        arr.resize(cap, refcheck=False)  # realloc: no copy for large buffers
-        return arr
-    except ValueError:  # not owning its data (e.g. a loaded memory map)
-        return arr[:cap].copy()
+for _name in TREE_FIELDS:
+    setattr(TreeStorage, _name, _field_property(_name))
 
 
-def _resized(arr, cap, keep):
-    out = np.zeros(cap, arr.dtype)
-    out[:keep] = arr[:keep]
-    return out
+def resume(call, stores, plan=None):
+    """Run ``call()`` until its status is not ``ROOM``, growing between.
 
-
-def run_batch(storage, batch, kernel):
-    """Run a resumable batch kernel (``kernel(i)`` inserts from item ``i``
-    and returns where it stopped for lack of room) to the end, growing the
-    storage in between.
-
-    Growth is sized from the batch itself: after a stop, the tokens the
-    batch has added so far per token it has read predict what the rest will
-    add; the buffer grows to that (at least doubling, at most all remaining
-    tokens). A generous guess costs only address space (untouched pages are
-    never resident), and ``trim_slack`` gives the excess back at the end.
+    ``call`` runs one kernel and returns its status (or a tuple whose first
+    element is the status); after ``ROOM`` each storage of ``stores`` whose
+    meta holds a need reserves it (``plan(storage, tokens, nodes)``, if
+    given, may enlarge the reservation) and ``call`` runs again. Kernels
+    change nothing of the item they stop at, so a call is resumed, never
+    repeated. Returns the last result.
     """
+    while True:
+        result = call()
+        status = result[0] if isinstance(result, tuple) else result
+        if status != ROOM:
+            return result
+        grew = False
+        for s in stores:
+            tokens, nodes = s.take_need()
+            if tokens or nodes:
+                if plan is not None:
+                    tokens, nodes = plan(s, tokens, nodes)
+                s.reserve(tokens, nodes)
+                grew = True
+        if not grew:
+            raise InvariantError("a kernel asked for room without saying how much")
+
+
+def batch_plan(batch, cursor, used0, grew):
+    """A ``resume`` plan for a batch kernel with ``cursor``: after a stop,
+    the tokens the batch has added so far per token it has read predict
+    what the rest will add; the buffer grows to that (at least what the
+    next item needs, at most all remaining tokens). A generous guess costs
+    only address space (untouched pages are never resident), and
+    ``trim_slack`` gives the excess back at the end; ``grew`` (a list) gets
+    True appended when the plan is used."""
     n = len(batch)
     offsets = batch.offsets
-    used0 = int(storage.meta[K.M_TOK_USED])
-    i = 0
-    grew = False
-    while True:
-        i = kernel(i)
-        if i >= n:
-            break
-        item = int(offsets[i + 1] - offsets[i])
+
+    def plan(s, tokens, nodes):
+        grew.append(True)
+        i = int(cursor[0])
         done = int(offsets[i] - offsets[0])
         remaining = int(offsets[n] - offsets[i])
-        added = int(storage.meta[K.M_TOK_USED]) - used0
-        guess = item if done == 0 else min(remaining, (added * remaining) // done * 3 // 2)
-        storage.reserve(tokens=max(item, guess), nodes=max(2, min(2 * (n - i), 2 * storage.node_end)))
-        grew = True
-    if grew:
-        storage.trim_slack()
+        added = s.count("tok_used") - used0
+        guess = tokens if done == 0 else min(remaining, max(0, added) * remaining // done * 3 // 2)
+        return max(tokens, guess), max(nodes, min(2 * (n - i), 2 * s.node_end))
+
+    return plan

@@ -1,9 +1,15 @@
-"""Compile (or load from Numba's on-disk cache) every kernel on tiny inputs."""
+"""Compile (or load from Numba's on-disk cache) every kernel on tiny inputs.
+
+A front end: it exercises the product and the replay study alike."""
 
 import os
 import tempfile
 
 import numpy as np
+
+from .prefix_cache import PrefixCache
+from .radix_cache import RadixCache
+from .studies.replay import replay
 
 
 def warmup(dtypes=(np.int64,)):
@@ -14,10 +20,6 @@ def warmup(dtypes=(np.int64,)):
     >>> radix_soa.warmup()
     1
     """
-    from .prefix_cache import PrefixCache
-    from .radix_cache import RadixCache
-    from .simulate import replay
-
     for dtype in dtypes:
         rc = RadixCache(dtype=dtype)
         rc.insert([1, 2, 3])

@@ -16,6 +16,7 @@ from itertools import chain
 
 import numpy as np
 
+from ._arrow import arrow_csr
 from ._sequence import as_tokens
 
 _INT64 = np.dtype(np.int64)
@@ -217,21 +218,17 @@ def as_batches(obj):
     """Every accepted batch input as a list of ``Batch`` (several for a
     chunked Arrow array): a ``Batch``, a ``(flat, offsets)`` tuple of two
     NumPy arrays, a pyarrow ``ListArray``/``LargeListArray``/
-    ``FixedSizeListArray``/``ChunkedArray``, or anything ``pack`` takes."""
+    ``FixedSizeListArray``/``ChunkedArray``, an object whose type has a
+    ``__radix_batch__(self)`` method returning a ``Batch`` (a trace), or
+    anything ``pack`` takes."""
     if isinstance(obj, Batch):
         return [obj]
-    from .traces import Trace
-
-    if isinstance(obj, Trace):
-        if len(np.unique(obj.namespace)) > 1:
-            raise ValueError(
-                f"trace {obj.name!r} holds several namespaces whose ids must not be mixed in "
-                "one tree; replay() keeps them apart, or select one namespace first")
-        return [Batch(obj.flat, obj.offsets)]
+    as_batch = getattr(type(obj), "__radix_batch__", None)
+    if as_batch is not None:  # e.g. radix_soa.studies.traces.Trace
+        return [as_batch(obj)]
     if (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], np.ndarray)
             and isinstance(obj[1], np.ndarray)):
         return [Batch(obj[0], obj[1])]
     if type(obj).__module__.startswith("pyarrow"):
-        from ._arrow import arrow_batches
-        return arrow_batches(obj)
+        return [Batch(flat, offsets) for flat, offsets in arrow_csr(obj)]
     return [pack(obj)]

@@ -22,7 +22,6 @@ starting with ``radix-soa: error:``), 1 if ``build`` finds a sequence missing.
 
 import argparse
 import json
-import math
 import os
 import sys
 import threading
@@ -31,8 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import traces, workloads
+from ._validate import check_int
 from .radix_cache import RadixCache
+from .studies import traces, workloads
+from .studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD, capacity_study,
+                            default_capacities, generated_trace)
+
+__all__ = ["main", "build_parser", "default_capacities"]
 
 PROG = "radix-soa"
 
@@ -103,40 +107,23 @@ def _build(args):
 # study: inputs
 # ----------------------------------------------------------------------------
 
-DEFAULT_WORKLOAD = "multi_turn"
-DEFAULT_REQUESTS = 2000
-DEFAULT_POINTS = 10
-#: The smallest capacity of the default sweep, as a fraction of the footprint.
-SMALLEST_FRACTION = 1 / 32
-
-# How ``--requests N`` maps onto each generator. Generators that count
-# requests take N directly; the session-based ones (whose requests interleave
-# in time) are asked for enough sessions and the first N requests to arrive
-# are kept. The number is an initial guess of requests per session.
-_REQUEST_PARAM = {
-    "chat": ("n_sequences", None),
-    "few_shot": ("n_requests", None),
-    "long_prefix": ("n_sequences", None),
-    "multi_turn": ("n_conversations", 7),   # turns (2, 12) -> about 7 requests each
-    "agent": ("n_sessions", 36),            # steps (5, 40) plus forked sub-agent steps
-}
-
-
-def _nonneg_int(text):
+def _int_arg(text, minimum):
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+    try:
+        return check_int("the value", v, minimum=minimum)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}") from None
+
+
+def _nonneg_int(text):
+    return _int_arg(text, 0)
 
 
 def _pos_int(text):
-    v = _nonneg_int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+    return _int_arg(text, 1)
 
 
 def _capacity_list(text):
@@ -152,9 +139,10 @@ def _capacity_list(text):
             raise argparse.ArgumentTypeError(
                 f"capacity {p!r} is not an integer (capacities are whole ids, "
                 f"e.g. --capacities 1000,5000,20000)") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"capacity must be >= 0, got {v}")
-        caps.append(v)
+        try:
+            caps.append(check_int("capacity", v, minimum=0))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return sorted(set(caps))
 
 
@@ -185,32 +173,6 @@ def _check_study_args(args):
             raise _UsageError(f"--plot: directory {str(parent)!r} does not exist")
 
 
-def _generated_trace(name, requests, seed):
-    """``requests`` requests of built-in workload ``name`` as a Trace, plus
-    a description of how they were made."""
-    param, per_session = _REQUEST_PARAM[name]
-    gen = workloads.GENERATORS[name]
-    if per_session is None:
-        kwargs = {param: requests, "seed": seed}
-        seqs = workloads.generate(name, **kwargs)
-        trace = workloads.as_trace(seqs, name, seed=seed)
-    else:
-        units = max(1, math.ceil(requests / per_session))
-        while True:
-            kwargs = {param: units, "seed": seed}
-            seqs, meta = workloads.generate(name, return_meta=True, **kwargs)
-            if len(seqs) >= requests:
-                break
-            units *= 2
-        trace = workloads.as_trace(seqs[:requests], name, seed=seed,
-                                   timestamps=meta["time"][:requests])
-    desc = {"source": "workload", "workload": name, "generator": gen.__name__,
-            "generator_args": kwargs, "seed": seed}
-    if per_session is not None:
-        desc["note"] = f"the first {requests} requests to arrive of {len(seqs)} generated"
-    return trace, desc
-
-
 def _load(args):
     if args.trace is not None:
         trace = traces.load_trace(args.trace, args.format)
@@ -218,27 +180,7 @@ def _load(args):
     name = args.workload or DEFAULT_WORKLOAD
     requests = DEFAULT_REQUESTS if args.requests is None else args.requests
     seed = 0 if args.seed is None else args.seed
-    return _generated_trace(name, requests, seed)
-
-
-def default_capacities(footprint, points=DEFAULT_POINTS):
-    """``points`` capacities spaced geometrically from ``footprint / 32`` to
-    ``footprint`` (rounded, distinct, at least 1).
-
-    >>> default_capacities(3200, 6)
-    [100, 200, 400, 800, 1600, 3200]
-    >>> default_capacities(3, 10)
-    [1, 2, 3]
-    """
-    footprint = int(footprint)
-    if footprint <= 0:
-        return [0]
-    if points == 1:
-        return [footprint]
-    grid = np.geomspace(footprint * SMALLEST_FRACTION, footprint, points)
-    caps = {max(1, int(round(c))) for c in grid}
-    caps.add(footprint)
-    return sorted(caps)
+    return generated_trace(name, requests, seed)
 
 
 # ----------------------------------------------------------------------------
@@ -307,43 +249,6 @@ def _progress_enabled(flag):
 # ----------------------------------------------------------------------------
 # study: the index's memory
 # ----------------------------------------------------------------------------
-
-_NS_SHIFT = 40
-
-
-def _namespaced_ids(trace):
-    """The trace's ids made distinct across namespaces, and how.
-
-    One namespace: the ids as they are. Several: ``id + (namespace << 40)``
-    when every id and namespace fits, else each distinct ``(namespace, id)``
-    pair renumbered densely. Either keeps the prefix structure within a
-    namespace and shares nothing across namespaces.
-    """
-    flat, ns = trace.flat, trace.namespace
-    uniq = np.unique(ns)
-    if uniq.size <= 1:
-        return flat, None
-    per_id = np.repeat(ns, np.diff(trace.offsets))
-    if flat.min() >= 0 and flat.max() < (1 << _NS_SHIFT) and 0 <= uniq[0] and \
-            uniq[-1] < (1 << (62 - _NS_SHIFT)):
-        return flat + (per_id << _NS_SHIFT), f"ids offset by namespace << {_NS_SHIFT}"
-    pairs = np.stack([per_id, flat], axis=1)
-    _, dense = np.unique(pairs, axis=0, return_inverse=True)
-    return dense.reshape(-1).astype(np.int64), "each (namespace, id) pair renumbered"
-
-
-def _index_memory(trace):
-    """memory_report of a RadixCache holding every request of ``trace``."""
-    flat, how = _namespaced_ids(trace)
-    rc = RadixCache()
-    rc.insert_batch((flat, trace.offsets))
-    report = rc.memory_report()
-    report["requests_inserted"] = len(trace)
-    report["distinct_requests"] = len(rc)
-    report["namespaces"] = int(np.unique(trace.namespace).size)
-    report["namespace_handling"] = how
-    return report
-
 
 # ----------------------------------------------------------------------------
 # study: output
@@ -449,8 +354,6 @@ def _jsonable(x):
 # ----------------------------------------------------------------------------
 
 def _study(args):
-    from .simulate import replay, sweep
-
     _check_study_args(args)
     t_start = time.perf_counter()
     trace, desc = _load(args)
@@ -458,16 +361,17 @@ def _study(args):
                        schedule=args.schedule, window=args.window)
     n_caps = len(args.capacities) if args.capacities else args.points
     progress = _Progress(1 + n_caps, _progress_enabled(args.progress))
+
+    def report(done, total):
+        if total != progress.total:  # known once the unbounded replay is done
+            progress.set_total(total)
+        progress.set(done)
+
     try:
-        unbounded = replay(trace, **replay_args)
-        progress.set(1)
-        footprint = unbounded.peak_tokens
-        caps = args.capacities or default_capacities(footprint, args.points)
-        progress.set_total(1 + len(caps))
-        result = sweep(trace, caps, progress=lambda k: progress.set(1 + k), **replay_args)
+        st = capacity_study(trace, args.capacities, args.points, progress=report, **replay_args)
     finally:
         progress.close()
-    mem = _index_memory(trace)
+    unbounded, footprint, result, mem = st.unbounded, st.footprint, st.sweep, st.memory
     seconds = time.perf_counter() - t_start
 
     unit, unit_long = _units(trace.block_size)

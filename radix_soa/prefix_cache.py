@@ -11,17 +11,20 @@ import operator
 
 import numpy as np
 
-from . import _kernels as K
 from ._base import TreeCache
-from ._invariants import InvariantError, check_tree
-from ._sequence import as_tokens, check_fits
+from ._invariants import check_tree
+from ._kernels import descent as KD
+from ._kernels import prefix as KP
+from ._kernels.layout import FULL, ROOM
+from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
+                       TreeFormatError)
+from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
+from ._validate import check_int
 from .batch import as_batches, map_batches, use_parallel
-from .reference_prefix import _STATS, CacheFullError, EvictResult, InsertResult, Match
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
-_NO_VALUES = np.empty(0, np.int64)
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -54,18 +57,15 @@ class PrefixCache(TreeCache):
     """
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64):
-        page_size = operator.index(page_size)
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1; got {page_size}")
+        page_size = check_int("page_size", page_size, minimum=1)
         if capacity is not None:
-            capacity = operator.index(capacity)
-            if capacity < 0:
-                raise ValueError(f"capacity must be >= 0 or None; got {capacity}")
+            capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
         self._page = page_size
         self._s = TreeStorage(dtype, values=values, track=True, page_size=page_size)
-        self._roots = {0: self._s.root}
-        self._stats = dict.fromkeys(_STATS, 0)
+        self._ns_keys = [0]       # namespace number -> key, in order of first use
+        self._ns_number = {0: 0}  # key -> namespace number
+        self._roots = {0: self._s.root}  # key -> root id: what the arrays say, cached
 
     # ------------------------------------------------------------ sizes
     @property
@@ -87,12 +87,12 @@ class PrefixCache(TreeCache):
     @property
     def total_tokens(self):
         """Tokens cached, over all namespaces."""
-        return self._s.m(K.M_TOKENS)
+        return self._s.count("tokens")
 
     @property
     def locked_tokens(self):
         """Tokens on paths some lock protects."""
-        return self._s.m(K.M_LOCKED_TOKENS)
+        return self._s.count("locked_tokens")
 
     @property
     def evictable_tokens(self):
@@ -102,41 +102,55 @@ class PrefixCache(TreeCache):
     @property
     def num_nodes(self):
         """Nodes over all namespaces, roots excluded."""
-        return self._s.m(K.M_NODES)
+        return self._s.count("nodes")
 
     @property
     def namespaces(self):
+        """The namespaces that hold a root, in order of first use."""
+        self._roots_in_sync()
         return list(self._roots)
 
     @property
     def stats(self):
         """Counters since creation: lookups, query_tokens, hit_tokens,
         inserted_tokens, evicted_tokens and hit_rate (hit / query tokens)."""
-        out = dict(self._stats)
+        out = self._s.stats()
         out["hit_rate"] = out["hit_tokens"] / out["query_tokens"] if out["query_tokens"] else 0.0
         return out
 
     # ------------------------------------------------------------ handles
-    def _root(self, namespace, create=True):
-        """Root node id of ``namespace`` (made on first use unless ``create``
-        is False, which returns None for a new namespace)."""
+    def _root(self, namespace):
+        """``(root id, 0)`` of ``namespace``, or ``(-1, number)`` when it has
+        no root yet: the kernel that needs one makes it, with the namespace's
+        number in its ``start``, so a namespace is created in the same call
+        that first uses it (and the arrays always say which roots exist)."""
         if type(namespace) is int or type(namespace) is str:  # the common case, fast
             root = self._roots.get(namespace)
             if root is not None:
-                return root
+                return root, 0
         if not isinstance(namespace, str):
             try:
                 namespace = operator.index(namespace)
             except TypeError:
                 raise TypeError("a namespace must be an int or a str; got "
                                 f"{type(namespace).__name__}") from None
+        self._roots_in_sync()
         root = self._roots.get(namespace)
-        if root is None and create:
-            root = self._roots[namespace] = self._s.new_root()
-        return root
+        if root is not None:
+            return root, 0
+        number = self._ns_number.get(namespace)
+        if number is None:
+            self._ns_keys.append(namespace)  # an unused number is harmless
+            number = len(self._ns_keys) - 1
+            self._ns_number[namespace] = number
+        return -1, number
 
-    def _handle(self, v):
-        return (int(self._s.gen[v]) << _GEN_SHIFT) | int(v)
+    def _roots_in_sync(self):
+        """Re-read the roots from the arrays if a call that made one did not
+        get to record it (it was interrupted after its kernel)."""
+        if self._s.count("roots") != len(self._roots):
+            keys = self._ns_keys
+            self._roots = {keys[n]: r for n, r in sorted(self._s.roots().items())}
 
     def _resolve(self, handle):
         """Node id of a live handle, else ``ValueError``."""
@@ -166,16 +180,14 @@ class PrefixCache(TreeCache):
         if s.readonly:
             self._writable()
         q = as_tokens(tokens)
-        root = self._root(namespace)
+        root, ns = self._root(namespace)
         out = np.empty(q.shape[0] if s.has_values else 0, np.int64)
-        length, v, gen = K.pc_match_one(s.T, root, q, self._page, out)
-        if length < 0:
-            s.reserve(nodes=1)
-            length, v, gen = K.pc_match_one(s.T, root, q, self._page, out)
-        st = self._stats
-        st["lookups"] += 1
-        st["query_tokens"] += q.shape[0]
-        st["hit_tokens"] += length
+        status, length, v, gen = KP.pc_match_one(s.T, root, ns, q, self._page, out)
+        if status == ROOM:
+            status, length, v, gen = s.run(
+                lambda: KP.pc_match_one(s.T, root, ns, q, self._page, out))
+        if root < 0:
+            self._roots_in_sync()
         return Match(length, (int(gen) << _GEN_SHIFT) | v, out[:length] if s.has_values else None)
 
     def match_length(self, tokens, namespace=0):
@@ -188,20 +200,20 @@ class PrefixCache(TreeCache):
         (2, 1)
         """
         q = as_tokens(tokens)
-        root = self._root(namespace, create=False)
-        if root is None:
+        root, ns = self._root(namespace)
+        if root < 0:
             return 0
         s = self._s
-        return int(K.match_one(*s.M, root, q, 0, q.shape[0], self._page))
+        return int(KD.match_one(*s.M, root, q, 0, q.shape[0], self._page))
 
     def match_length_batch(self, batch, namespace=0, parallel=None):
         """``match_length`` for every sequence of ``batch`` (an int64 array),
         in parallel for large batches (see ``RadixCache.exists_batch``)."""
         batches = as_batches(batch)
-        root = self._root(namespace, create=False)
-        kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
+        root, ns = self._root(namespace)
+        kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
         s = self._s
-        if root is None:  # a namespace never used: nothing cached in it
+        if root < 0:  # a namespace never used: nothing cached in it
             return map_batches(batches, np.int64, lambda b, res: None)
         return map_batches(batches, np.int64,
                            lambda b, res: kernel(*s.M, root, b.flat, b.offsets, self._page, res))
@@ -214,25 +226,16 @@ class PrefixCache(TreeCache):
         """
         self._writable()
         batches = as_batches(batch)
-        root = self._root(namespace)
-        res = map_batches(batches, np.int64, lambda b, out: self._match_csr(root, b, out))
-        st = self._stats
-        st["lookups"] += res.shape[0]
-        st["query_tokens"] += sum(b.num_tokens for b in batches)
-        st["hit_tokens"] += int(res.sum())
-        return res
+        return map_batches(batches, np.int64, lambda b, out: self._match_csr(namespace, b, out))
 
-    def _match_csr(self, root, b, res):
+    def _match_csr(self, namespace, b, out):
         s = self._s
-        flat, offsets = b.flat, b.offsets
-        n = len(b)
-        clock0 = int(s.meta[K.M_CLOCK])
-        i = 0
-        while i < n:
-            i = K.pc_match_batch(s.T, root, flat, offsets, self._page, clock0, i, res)
-            if i < n:
-                s.reserve(nodes=max(1, n - i))
-        s.meta[K.M_CLOCK] = clock0 + n
+        root, ns = self._root(namespace)
+        cursor = np.array([0, root], np.int64)
+        s.run(lambda: KP.pc_match_batch(s.T, ns, b.flat, b.offsets, self._page, cursor, out),
+              plan=lambda st, tokens, nodes: (0, max(nodes, len(b) - int(cursor[0]))))
+        if root < 0:
+            self._roots_in_sync()
 
     # ------------------------------------------------------------ mutation
     def insert(self, tokens, values=None, namespace=0):
@@ -251,17 +254,25 @@ class PrefixCache(TreeCache):
         check_fits(q, s.dtype)
         vals = self._check_values(values, q.shape[0])
         n = self._aligned(q.shape[0])
-        evicted = self._evicted(0, _NO_VALUES)
-        if self._capacity is not None and n:
-            evicted = self._make_room(self._root(namespace, create=False), q, n)
-        root = self._root(namespace)
-        cached, v, gen = K.pc_insert_one(s.T, root, q, n, vals, self._page)
-        if cached < 0:
-            s.reserve(tokens=n, nodes=2)
-            cached, v, gen = K.pc_insert_one(s.T, root, q, n, vals, self._page)
-        self._stats["inserted_tokens"] += n - cached
-        s.meta[K.M_TOKENS_INSERTED] += q.shape[0]
-        return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, evicted)
+        cap = -1 if self._capacity is None else self._capacity
+        root, ns = self._root(namespace)
+        out = np.empty(n if self.has_values and cap >= 0 else 0, np.int64)
+        status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
+                                                         cap, out)
+        if status == ROOM:
+            status, cached, v, gen, freed = s.run(
+                lambda: KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page, cap, out))
+        if status == FULL:
+            raise self._full(n)
+        if root < 0:
+            self._roots_in_sync()
+        return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, self._evicted(freed, out))
+
+    def _full(self, n):
+        return CacheFullError(
+            f"no room to insert {n} tokens: capacity {self._capacity}, "
+            f"{self.total_tokens} cached of which {self.locked_tokens} locked, and the "
+            "request's own path is never evicted")
 
     def _check_values(self, values, n):
         if not self.has_values:
@@ -270,7 +281,7 @@ class PrefixCache(TreeCache):
             return np.empty(0, np.int64)
         if values is None:
             raise ValueError("this cache keeps a value per token; pass values=")
-        vals = as_tokens(values)
+        vals = as_values(values)
         if vals.shape[0] != n:
             raise ValueError(f"values has {vals.shape[0]} entries for {n} tokens")
         return vals
@@ -278,29 +289,13 @@ class PrefixCache(TreeCache):
     def _evicted(self, freed, out):
         return EvictResult(freed, out[:freed] if self.has_values else None)
 
-    def _make_room(self, root, q, n):
-        """Evict what inserting ``q[:n]`` under ``root`` (None: a namespace
-        not made yet) needs, never from the path the insert extends; or
-        raise ``CacheFullError`` having changed nothing."""
-        s = self._s
-        out = np.empty(n if self.has_values else 0, np.int64)
-        freed = K.pc_make_room(s.T, -1 if root is None else root, q, 0, n, self._page,
-                               self._capacity, out)
-        if freed < 0:
-            raise CacheFullError(
-                f"no room to insert {n} tokens: capacity {self._capacity}, "
-                f"{self.total_tokens} cached of which {self.locked_tokens} locked, and the "
-                "request's own path is never evicted")
-        self._stats["evicted_tokens"] += freed
-        return self._evicted(freed, out)
-
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
         each ``lock`` needs its ``unlock``)."""
         self._writable()
         v = self._resolve(node)
         if self._s.parent[v] >= 0:
-            K.pc_lock(self._s.T, v, 1)
+            KP.pc_lock(self._s.T, v, 1)
 
     def unlock(self, node):
         """Release one ``lock`` of ``node``; ``ValueError`` if it holds none."""
@@ -311,36 +306,52 @@ class PrefixCache(TreeCache):
         if self._s.own[v] <= 0:
             raise ValueError(f"node handle {node} holds no lock of its own"
                              if self._s.lock[v] else f"node handle {node} is not locked")
-        K.pc_lock(self._s.T, v, -1)
+        KP.pc_lock(self._s.T, v, -1)
 
     def evict(self, num_tokens):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the least recently used unlocked
         leaves: ``EvictResult(num_tokens, values)`` with the freed values."""
         self._writable()
-        n = operator.index(num_tokens)
-        if n < 0:
-            raise ValueError(f"cannot evict a negative number of tokens ({n})")
-        n = -(-n // self._page) * self._page
-        n = min(n, self.evictable_tokens)
+        n = check_int("num_tokens", num_tokens, minimum=0)
         s = self._s
-        out = np.empty(n if self.has_values else 0, np.int64)
-        freed = int(K.pc_evict(s.T, n, self._page, out))
-        self._stats["evicted_tokens"] += freed
-        return self._evicted(freed, out)
+        bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
+        out = np.empty(bound if self.has_values else 0, np.int64)
+        return self._evicted(int(KP.pc_evict_one(s.T, n, self._page, out)), out)
 
     # ------------------------------------------------------------ state
     def _extra_state(self):
         return {"capacity": self._capacity, "page_size": self._page,
-                "roots": [[ns, int(r)] for ns, r in self._roots.items()],
-                "stats": dict(self._stats)}
+                "namespaces": list(self._ns_keys)}
 
     def _restore_state(self, state):
         self._capacity = state.get("capacity")
         self._page = int(state.get("page_size", self._s.page_size))
-        self._roots = {ns: int(r) for ns, r in state.get("roots", [[0, self._s.root]])}
-        self._stats = dict.fromkeys(_STATS, 0)
-        self._stats.update(state.get("stats", {}))
+        s = self._s
+        if "namespaces" in state:
+            keys = state["namespaces"]
+            pairs = None
+        else:  # format version 1: roots listed in the header; statistics there too
+            pairs = [(ns, int(r)) for ns, r in state.get("roots", [[0, s.root]])]
+            keys = [ns for ns, _ in pairs]
+            s.set_stats(state.get("stats", {}))
+        if not isinstance(keys, list) or not keys or not all(
+                type(k) in (int, str) for k in keys):
+            raise TreeFormatError("the saved namespaces are not a list of ints and strs")
+        self._ns_keys = list(keys)
+        self._ns_number = {k: i for i, k in enumerate(keys)}
+        if pairs is not None:
+            if sorted(r for _, r in pairs) != s.root_ids().tolist():
+                raise TreeFormatError("the saved namespace roots are not the tree's roots")
+            self._roots = dict(pairs)
+            if not s.readonly:  # record each root's namespace in the arrays, as now
+                for i, (_, r) in enumerate(pairs):
+                    s.start[r] = i
+            return
+        roots = s.roots()
+        if any(not 0 <= n < len(keys) for n in roots) or len(roots) != s.count("roots"):
+            raise TreeFormatError("a root names a namespace the header does not list")
+        self._roots = {keys[n]: r for n, r in sorted(roots.items())}
 
     # ------------------------------------------------------------ checks
     def check_invariants(self, full=True):

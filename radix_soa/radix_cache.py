@@ -2,12 +2,15 @@
 
 import numpy as np
 
-from . import _kernels as K
-from ._sequence import as_tokens, check_fits
-from .batch import as_batches, map_batches, use_parallel
 from ._base import TreeCache
-from ._storage import TreeStorage, run_batch
 from ._invariants import check_tree
+from ._kernels import descent as KD
+from ._kernels import mutation as KM
+from ._kernels import walks as KW
+from ._kernels.layout import ROOM
+from ._sequence import as_tokens, check_fits
+from ._storage import TreeStorage, batch_plan
+from .batch import as_batches, map_batches, use_parallel
 
 
 class RadixCache(TreeCache):
@@ -43,17 +46,17 @@ class RadixCache(TreeCache):
         return self._s.dtype
 
     def __len__(self):
-        return self._s.m(K.M_TERMINALS)
+        return self._s.count("terminals")
 
     @property
     def num_nodes(self):
         """Nodes in the tree, root excluded."""
-        return self._s.m(K.M_NODES)
+        return self._s.count("nodes")
 
     @property
     def num_tokens(self):
         """Tokens held in live node spans (shared prefixes counted once)."""
-        return self._s.m(K.M_TOKENS)
+        return self._s.count("tokens")
 
     # ------------------------------------------------------------ queries
     def exists(self, sequence):
@@ -65,7 +68,7 @@ class RadixCache(TreeCache):
         """
         q = as_tokens(sequence)
         s = self._s
-        return bool(K.exists_one(*s.R, s.root, q, 0, q.shape[0]))
+        return bool(KD.exists_one(*s.R, s.root, q, 0, q.shape[0]))
 
     __contains__ = exists
 
@@ -79,7 +82,7 @@ class RadixCache(TreeCache):
         """
         q = as_tokens(sequence)
         s = self._s
-        return int(K.match_one(*s.M, s.root, q, 0, q.shape[0], 1))
+        return int(KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1))
 
     # ------------------------------------------------------------ mutation
     def insert(self, sequence):
@@ -95,12 +98,10 @@ class RadixCache(TreeCache):
             raise ValueError("cannot insert an empty sequence")
         s = self._s
         check_fits(q, s.dtype)
-        s.meta[K.M_TOKENS_INSERTED] += n
-        status = K.radix_insert(s.T, s.root, q)
-        if status < 0:
-            s.reserve(tokens=n, nodes=2)
-            status = K.radix_insert(s.T, s.root, q)
-        return status == 1
+        status, new = KM.radix_insert(s.T, s.root, q)
+        if status == ROOM:
+            status, new = s.run(lambda: KM.radix_insert(s.T, s.root, q))
+        return new == 1
 
     def remove(self, sequence):
         """Remove a stored sequence; ``KeyError`` if it is not stored exactly.
@@ -111,12 +112,8 @@ class RadixCache(TreeCache):
         self._writable()
         q = as_tokens(sequence)
         s = self._s
-        while True:
-            status = K.remove_one(s.T, s.root, q, 0, q.shape[0])
-            if status >= 0:
-                break
-            s.reserve(tokens=-status - 1)
-        if status == 0:
+        status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
+        if not removed:
             raise KeyError(_short(q))
 
     # ------------------------------------------------------------ batches
@@ -140,10 +137,16 @@ class RadixCache(TreeCache):
                 raise ValueError(f"cannot insert an empty sequence (sequence "
                                  f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
             check_fits(b.flat, self._s.dtype)
+        return map_batches(batches, np.bool_, self._insert_csr)
+
+    def _insert_csr(self, b, new):
         s = self._s
-        s.meta[K.M_TOKENS_INSERTED] += sum(b.num_tokens for b in batches)
-        return map_batches(batches, np.bool_, lambda b, new: run_batch(
-            s, b, lambda i: K.radix_insert_batch(s.T, s.root, b.flat, b.offsets, i, new)))
+        cursor = np.zeros(1, np.int64)
+        grew = []
+        s.run(lambda: KM.radix_insert_batch(s.T, s.root, b.flat, b.offsets, cursor, new),
+              plan=batch_plan(b, cursor, s.count("tok_used"), grew))
+        if grew:
+            s.trim_slack()
 
     def exists_batch(self, batch, parallel=None):
         """``exists`` for every sequence of ``batch``, as a bool array.
@@ -159,7 +162,7 @@ class RadixCache(TreeCache):
         [True, False, True]
         """
         batches = as_batches(batch)
-        kernel = K.exists_batch_parallel if use_parallel(parallel, batches) else K.exists_batch
+        kernel = KD.exists_batch_parallel if use_parallel(parallel, batches) else KD.exists_batch
         s = self._s
         return map_batches(batches, np.bool_,
                            lambda b, res: kernel(*s.R, s.root, b.flat, b.offsets, res))
@@ -173,7 +176,7 @@ class RadixCache(TreeCache):
         [2, 0, 3]
         """
         batches = as_batches(batch)
-        kernel = K.match_batch_parallel if use_parallel(parallel, batches) else K.match_batch
+        kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
         s = self._s
         return map_batches(batches, np.int64,
                            lambda b, res: kernel(*s.M, s.root, b.flat, b.offsets, 1, res))
@@ -183,8 +186,9 @@ class RadixCache(TreeCache):
         """All stored sequences as ``(flat, offsets)``: sequence ``i`` is
         ``flat[offsets[i]:offsets[i+1]]``, in lexicographic order."""
         s = self._s
-        flat, offsets = K.collect_sequences(s.tokens, s.start, s.length, s.parent,
-                                            s.term, s.root, s.node_end)
+        t = s.tree
+        flat, offsets = KW.collect_sequences(t.tokens, t.start, t.length, t.parent, t.term, s.root,
+                                             s.node_end)
         return flat.astype(np.int64, copy=False), offsets
 
     def __iter__(self):

@@ -276,7 +276,7 @@ def test_batch_slices_share_the_buffer():
 
 
 def test_traces_are_batches_unless_they_mix_namespaces():
-    from radix_soa.traces import Trace
+    from radix_soa.studies.traces import Trace
 
     one = Trace.from_sequences([np.array([1, 2]), np.array([1, 3])], name="t")
     rc = RadixCache()

@@ -10,9 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 import radix_soa as rs
 from radix_soa import workloads
-from radix_soa._token_trie import NO_ENTRY, SequenceHashSet, TokenTrie
-from radix_soa.footprint import FootprintTable, compare_footprint
-from radix_soa.reference import ReferenceRadixTree
+from radix_soa.baselines.arrays import NO_ENTRY, SequenceHashSet, TokenTrie
+from radix_soa.studies.footprint import FootprintTable, compare_footprint
+from radix_soa.baselines.reference import ReferenceRadixTree
 
 NAMES = ["RadixCache int64", "RadixCache int32", "token trie", "sequence hash set",
          "Python set of tuples", "Python radix tree"]

@@ -9,7 +9,7 @@ import pytest
 
 import radix_soa as rs
 from radix_soa import PrefixCache, RadixCache
-from radix_soa._persist import ReadOnlyTreeError, TreeFormatError
+from radix_soa._results import ReadOnlyTreeError, TreeFormatError
 
 
 def contents(rc):
@@ -49,7 +49,7 @@ def prefix_cache():
 def test_memory_report_is_exact_for_the_arrays(tree):
     rep = tree.memory_report()
     s = tree._s
-    used = (s.m(rs._kernels.M_TOK_USED) * 8 + s.node_end * (8 + 4 + 4 + 4 + 4)
+    used = (s.count("tok_used") * 8 + s.node_end * (8 + 4 + 4 + 4 + 4)
             + (s.node_end + 7) // 8 + s.table.nbytes + s.meta.nbytes)
     assert rep["used_bytes"] == used
     allocated = sum(getattr(s, n).nbytes for n in ("tokens", "values", "start", "length", "parent",

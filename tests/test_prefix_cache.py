@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import radix_soa as rs
 from radix_soa import CacheFullError, PrefixCache
-from radix_soa.reference_prefix import ReferencePrefixCache
+from radix_soa.baselines.reference_prefix import ReferencePrefixCache
 
 
 def state(pc):
@@ -16,8 +16,9 @@ def state(pc):
     states mean nothing observable changed."""
     s = pc._s
     end = s.node_end
-    arrays = [s.tokens[: s.m(0)], s.values[: s.m(0)], s.table, s.meta, s.heap[: s.m(rs._kernels.M_HEAP_SIZE)]]
-    arrays += [getattr(s, n)[:end] for n in s.NODE_ARRAYS + s.TRACK_ARRAYS if n != "heap"]
+    used = s.count("tok_used")
+    arrays = [s.tokens[:used], s.values[:used], s.table, s.meta, s.heap[: s.count("heap_size")]]
+    arrays += [getattr(s, n)[:end] for n in s.per_node_arrays if n != "heap"]
     return [a.copy() for a in arrays] + [dict(pc.stats), dict(pc._roots)]
 
 

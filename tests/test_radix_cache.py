@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from radix_soa import RadixCache
-from radix_soa.reference import ReferenceRadixTree
+from radix_soa.baselines.reference import ReferenceRadixTree
 
 from naive import NaiveSequenceSet
 

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radix_soa import RadixCache
-from radix_soa.reference import ReferenceRadixTree
+from radix_soa.baselines.reference import ReferenceRadixTree
 
 from naive import NaiveSequenceSet
 

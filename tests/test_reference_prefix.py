@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radix_soa import InvariantError
-from radix_soa.reference_prefix import (CacheFullError, EvictResult, InsertResult, Match,
+from radix_soa.baselines.reference_prefix import (CacheFullError, EvictResult, InsertResult, Match,
                                         ReferencePrefixCache)
 
 I64 = np.iinfo(np.int64)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from radix_soa import RadixCache, workloads
-from radix_soa.reference import ReferenceRadixTree
+from radix_soa.baselines.reference import ReferenceRadixTree
 
 N_OPS = 100_000
 MAX_LEN = 10_000

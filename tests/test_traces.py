@@ -1,4 +1,4 @@
-"""Tests for radix_soa.traces: unit tests on tiny files written to tmp_path,
+"""Tests for radix_soa.studies.traces: unit tests on tiny files written to tmp_path,
 plus checks against the real traces in ../shared/data/traces (skipped when
 that directory is absent)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radix_soa.traces import (
+from radix_soa.studies.traces import (
     FORMATS,
     Trace,
     TraceFormatError,

@@ -11,7 +11,7 @@ import pytest
 
 from radix_soa import RadixCache
 from radix_soa import workloads as W
-from radix_soa.traces import Trace
+from radix_soa.studies.traces import Trace
 
 
 def digest(seqs):

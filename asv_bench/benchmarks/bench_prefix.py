@@ -4,7 +4,7 @@ reference with the same semantics."""
 import numpy as np
 
 import radix_soa
-from radix_soa.reference_prefix import ReferencePrefixCache
+from radix_soa.baselines.reference_prefix import ReferencePrefixCache
 
 IMPLS = ("radix_soa", "reference")
 

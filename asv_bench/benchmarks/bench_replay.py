@@ -4,7 +4,7 @@ pure-Python replay with the same semantics for the ratio."""
 import numpy as np
 
 import radix_soa
-from radix_soa.replay_reference import replay_reference
+from radix_soa.baselines.replay_reference import replay_reference
 
 from .common import mooncake_conversation, sequences
 

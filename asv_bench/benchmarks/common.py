@@ -60,7 +60,7 @@ def make(impl):
         from radix_soa import RadixCache
         return RadixCache(dtype=np.int32)
     if impl == "reference":
-        from radix_soa.reference import ReferenceRadixTree
+        from radix_soa.baselines.reference import ReferenceRadixTree
         return ReferenceRadixTree()
     raise KeyError(impl)
 

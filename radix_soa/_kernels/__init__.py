@@ -1,0 +1,50 @@
+"""Every Numba kernel of radix_soa, one module per job.
+
+Kernels take unpacked arrays or the tree tuple ``T`` (never a Python
+object), never allocate persistent arrays and never raise: the Python side
+reserves room first, and a kernel that could still run out returns the
+``ROOM`` status with its need in ``meta`` (see ``layout``), changing nothing
+of the item it stopped at. ``radix_soa._storage.resume`` grows and calls
+again, for every caller.
+
+Modules, bottom up (a module calls only those above it in this list)::
+
+    config      the decorators (kernel, kernel_alloc, kernel_parallel, kernel_nogil)
+    layout      Tree fields and index constants, meta slots, load limit, statuses
+    table       mix64, key_hash -> find_child, table_put, table_slot,
+                table_delete_slot, table_rebuild; term bitmap; has_room, need_room
+    heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, touch
+    descent     common -> descend -> exists_one, match_one -> exists_batch(_parallel),
+                match_batch(_parallel)
+    mutation    alloc_node, free_node, new_root; copy_run; split, new_leaf -> extend
+                -> insert_one -> radix_insert, radix_insert_batch; set_terminal;
+                unlink, merge_room, merge_into_child -> remove_one
+    walks       children_csr -> compact_spans; sorted_children, dfs_terminals
+                -> collect_sequences
+    prefix      pc_match -> pc_match_one, pc_match_batch; path_values;
+                path_unlocked, room_needed, evict_keeping (pc_lock, pc_evict)
+                -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
+    replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
+                request_of -> replay_run (pc_match, room_needed, pc_lock,
+                pc_evict, extend)
+    baselines   the array baselines' kernels (token trie, sequence hash set)
+
+Numba's on-disk cache (``cache=True``) keys a kernel by its own file only: a
+change to a callee in another module does not invalidate the caller's cached
+machine code. The test suite therefore compiles into a cache directory named
+by a hash of every file of this package (``kernel_source_hash``; see
+``conftest.py``), so a stale kernel can never be tested; an installed
+release is safe because an upgrade rewrites every file.
+"""
+
+import hashlib
+from pathlib import Path
+
+
+def kernel_source_hash():
+    """A short hash of the source of every kernel module (cache keying)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]

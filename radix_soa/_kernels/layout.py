@@ -1,0 +1,87 @@
+"""The shape every kernel shares: the tree's arrays, the counter slots, the
+load limit and the status vocabulary.
+
+The tree's arrays travel to kernels as one plain tuple ``T`` in the order of
+``TREE_FIELDS``, read by name through the index constants below
+(``T[TOKENS]``, ``T[META]``). Python code holds the same arrays as a
+``Tree`` named tuple. (A named tuple is not passed to kernels itself: Numba
+types it in Python on every call, about 1 µs more than a plain tuple.)
+
+Per node ``v``: ``tokens[start[v]:start[v]+length[v]]`` is its span.
+
+=========  ======  =========================================================
+field      dtype   meaning
+=========  ======  =========================================================
+tokens     any     flat token buffer (int64 by default); spans point into it
+values     int64   one value per token, parallel to ``tokens`` (empty: none)
+start      int64   span start; for a free node, the next free id
+length     int32   span length; ``FREE`` (-1) marks a free node, 0 a root
+parent     int32   parent id; -1 for a root (one root per namespace)
+nchild     int32   number of children
+cxor       int32   XOR of the children's ids (the only child when nchild == 1)
+term       uint8   terminal bitmap, one bit per node
+table      int32   child hash table keyed by (parent, first page); -1 empty
+lock       int32   locks on the node's subtree (prefix cache; else empty)
+stamp      int64   logical access time (prefix cache)
+hpos       int32   position in the LRU heap, or -1 (prefix cache)
+heap       int32   binary min-heap of evictable leaves (prefix cache)
+gen        uint32  handle generation, bumped when the id is freed
+own        int32   locks taken on the node itself (prefix cache)
+meta       int64   counters, indexed by the ``M_*`` slots
+=========  ======  =========================================================
+"""
+
+from collections import namedtuple
+
+TREE_FIELDS = ("tokens", "values", "start", "length", "parent", "nchild", "cxor", "term",
+               "table", "lock", "stamp", "hpos", "heap", "gen", "own", "meta")
+Tree = namedtuple("Tree", TREE_FIELDS)
+(TOKENS, VALUES, START, LENGTH, PARENT, NCHILD, CXOR, TERM, TABLE, LOCK, STAMP, HPOS, HEAP,
+ GEN, OWN, META) = range(len(TREE_FIELDS))
+
+# arrays with one entry per node id (the terminal bitmap aside)
+NODE_FIELDS = ("start", "length", "parent", "nchild", "cxor")
+TRACK_FIELDS = ("lock", "stamp", "hpos", "heap", "gen", "own")
+
+# ---------------------------------------------------------------- meta slots
+M_TOK_USED = 0      # high-water mark of the token buffer
+M_NODE_END = 1      # high-water mark of node ids
+M_FREE_HEAD = 2     # first free node id, or -1
+M_FREE_COUNT = 3    # number of free node ids below M_NODE_END
+M_NODES = 4         # live non-root nodes (== filled table slots)
+M_TOKENS = 5        # tokens held in live node spans
+M_TERMINALS = 6     # terminal marks set
+M_DEAD_TOKENS = 7   # tokens in the buffer no live span covers
+M_HEAP_SIZE = 8     # entries in the LRU heap
+M_LOCKED_TOKENS = 9  # tokens in nodes with lock > 0
+M_CLOCK = 10        # logical clock of the prefix cache
+M_ROOTS = 11        # namespace roots allocated
+M_TOKENS_INSERTED = 12  # every token handed to a successful insert (footprint studies)
+M_NEED_TOKENS = 13  # after a ROOM status: buffer tokens the call needs
+M_NEED_NODES = 14   # after a ROOM status: node ids (and table entries) it needs
+# prefix-cache statistics, kept with the tree so a call changes them with it
+M_LOOKUPS = 16
+M_QUERY_TOKENS = 17
+M_HIT_TOKENS = 18
+M_NEW_TOKENS = 19   # tokens insert added (not already cached)
+M_EVICTED_TOKENS = 20
+META_SIZE = 32
+STAT_SLOTS = {"lookups": M_LOOKUPS, "query_tokens": M_QUERY_TOKENS, "hit_tokens": M_HIT_TOKENS,
+              "inserted_tokens": M_NEW_TOKENS, "evicted_tokens": M_EVICTED_TOKENS}
+
+FREE = -1           # length of a free node
+NO_NODE = -1
+
+# the child table is kept at or under this load (LOAD_NUM / LOAD_DEN)
+LOAD_NUM = 7
+LOAD_DEN = 10
+MAX_LOAD = LOAD_NUM / LOAD_DEN
+
+# ---------------------------------------------------------------- statuses
+# Every kernel that can run out of room returns one of these (alone, or as
+# the first element of a tuple). After ROOM nothing of the current item has
+# changed and meta[M_NEED_TOKENS] / meta[M_NEED_NODES] say what to reserve;
+# a batch kernel also leaves the item it stopped at in its cursor.
+DONE = 0
+ROOM = 1
+FULL = 2            # cannot fit under the capacity even after evicting all else

@@ -1,0 +1,266 @@
+"""RadixAttention semantics on the tree (``track=True``): match with split
+and recency, insert under a capacity, locks and LRU eviction.
+
+Every node has a subtree lock count, an own lock count, an access stamp from
+the logical clock ``meta[M_CLOCK]`` and, while it is an unlocked leaf, a
+place in the LRU heap. Entry kernels (``pc_*_one``, ``pc_match_batch``,
+``pc_evict_one``) also keep the cache's statistics in meta, so a call
+changes them together with the tree. Values are int64 per token (``vals``
+in, ``out`` for matched or freed values: caller-allocated, at least as long
+as the call may write; ignored when the tree keeps no values).
+"""
+
+from .config import kernel
+from .descent import descend
+from .heap import heap_push, heap_remove, heap_sift_down, touch
+from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
+                     M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS, M_LOOKUPS,
+                     M_NEW_TOKENS, M_QUERY_TOKENS, M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE,
+                     OWN, PARENT, STAMP, START, TABLE, TOKENS, VALUES)
+from .mutation import copy_run, extend, make_root, split, unlink
+from .table import has_room, need_room
+
+
+@kernel
+def pc_match(T, root, q, qs, qn, page, clock):
+    """Longest cached whole-page prefix of ``q[qs:qs+qn]``. Splits the node
+    the match ends inside of, so the returned node ends exactly at the match;
+    stamps the path with ``clock``. Needs room for 1 node. Returns
+    ``(length, node)``; ``node == root`` when nothing matched."""
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, qn,
+                           page)
+    if c != NO_NODE:
+        v = split(T, c, k, page, True)
+        pos += k
+    w = v
+    while w != root:
+        touch(T[HEAP], T[HPOS], T[STAMP], T[META], w, clock)
+        w = T[PARENT][w]
+    return pos, v
+
+
+@kernel
+def path_values(start, length, parent, values, node, total, out):
+    """Values of the tokens on the path root..node (``total`` of them) into
+    ``out`` in token order."""
+    end = total
+    v = node
+    while parent[v] >= 0:
+        L = length[v]
+        copy_run(out, end - L, values, start[v], L)
+        end -= L
+        v = parent[v]
+
+
+@kernel
+def pc_match_one(T, root, ns, q, page, out):
+    """``PrefixCache.match``: ticks the clock, matches ``q`` (cut to whole
+    pages) and writes the matched tokens' values to ``out`` (``len(q)``
+    long). ``root < 0``: namespace number ``ns`` has no root yet; it is made
+    here. Returns ``(status, length, node, generation)``; ``ROOM`` (a node
+    for the split or the root): nothing changed."""
+    if not has_room(T, 0, 1 if root >= 0 else 2):
+        return need_room(T, 0, 2), 0, NO_NODE, T[GEN][0]
+    if root < 0:
+        root = make_root(T, True, ns)
+    meta = T[META]
+    meta[M_CLOCK] += 1
+    qn = q.shape[0]
+    length, v = pc_match(T, root, q, 0, qn - qn % page, page, meta[M_CLOCK])
+    values = T[VALUES]
+    if values.shape[0] > 0:
+        path_values(T[START], T[LENGTH], T[PARENT], values, v, length, out)
+    meta[M_LOOKUPS] += 1
+    meta[M_QUERY_TOKENS] += qn
+    meta[M_HIT_TOKENS] += length
+    return DONE, length, v, T[GEN][v]
+
+
+@kernel
+def pc_match_batch(T, ns, flat, offsets, page, cursor, out):
+    """``pc_match_one`` (lengths only) for sequences ``cursor[0]..`` of a CSR
+    batch under root ``cursor[1]`` (made first for namespace number ``ns``
+    when it is -1), the clock ticking once per sequence; ``out`` int64 per
+    sequence. Returns ``DONE``, or ``ROOM`` with ``cursor[0]`` at the first
+    sequence not matched."""
+    n = offsets.shape[0] - 1
+    meta = T[META]
+    if cursor[1] < 0:
+        if not has_room(T, 0, 1):
+            return need_room(T, 0, 1)
+        cursor[1] = make_root(T, True, ns)
+    root = cursor[1]
+    for i in range(cursor[0], n):
+        if not has_room(T, 0, 1):
+            cursor[0] = i
+            return need_room(T, 0, 1)
+        qs = offsets[i]
+        qn = offsets[i + 1] - qs
+        meta[M_CLOCK] += 1
+        out[i], v = pc_match(T, root, flat, qs, qn - qn % page, page, meta[M_CLOCK])
+        meta[M_LOOKUPS] += 1
+        meta[M_QUERY_TOKENS] += qn
+        meta[M_HIT_TOKENS] += out[i]
+    cursor[0] = n
+    return DONE
+
+
+@kernel
+def path_unlocked(T, root, node):
+    """Tokens on the path root..node that no lock protects now."""
+    lock, length, parent = T[LOCK], T[LENGTH], T[PARENT]
+    unlocked = 0
+    w = node
+    while w != root and w >= 0:
+        if lock[w] == 0:
+            unlocked += length[w]
+        w = parent[w]
+    return unlocked
+
+
+@kernel
+def room_needed(T, new, unlocked, page, cap):
+    """The capacity rule of adding ``new`` tokens while the path holding
+    ``unlocked`` unlocked tokens is kept: 0 when it fits, the tokens to evict
+    first (whole pages), or -1 when even evicting everything else cannot
+    make room."""
+    meta = T[META]
+    over = meta[M_TOKENS] + new - cap
+    if over <= 0:
+        return 0
+    if new > cap or meta[M_TOKENS] - meta[M_LOCKED_TOKENS] - unlocked < over:
+        return -1
+    return -(-over // page) * page
+
+
+@kernel
+def evict_keeping(T, root, protect, need, page, out):
+    """Evict ``need`` tokens while the path root..``protect`` is held locked
+    (freed values to ``out``); returns the tokens freed."""
+    guard = protect >= 0 and protect != root
+    if guard:
+        pc_lock(T, protect, 1)
+    freed = pc_evict(T, need, page, out)
+    if guard:
+        pc_lock(T, protect, -1)
+    return freed
+
+
+@kernel
+def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
+    """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
+    capacity ``cap`` (-1: unbounded) in one descent: the match, the room it
+    needs (evicting least recently used tokens, never from the path it
+    extends; freed values to ``out``, ``n`` long) and the insert. Needs room
+    for ``n`` tokens and 2 nodes. Returns ``(status, cached, node, freed)``;
+    ``FULL`` (locked tokens leave no room): nothing changed."""
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, n,
+                           page)
+    cached = pos + k
+    freed = 0
+    if cap >= 0:
+        protect = c if c != NO_NODE else v
+        need = room_needed(T, n - cached, path_unlocked(T, root, protect), page, cap)
+        if need < 0:
+            return FULL, cached, NO_NODE, 0
+        if need > 0:
+            freed = evict_keeping(T, root, protect, need, page, out)
+    meta = T[META]
+    meta[M_CLOCK] += 1
+    node = extend(T, root, v, c, k, pos, q, qs, n, vals, vs, page, True, meta[M_CLOCK])
+    return DONE, cached, node, freed
+
+
+@kernel
+def pc_insert_one(T, root, ns, q, n, vals, page, cap, out):
+    """``PrefixCache.insert`` of ``q[:n]`` with ``insert_capped``; ``root <
+    0``: namespace number ``ns`` has no root yet, and it is made here unless
+    the insert cannot fit.
+
+    Returns ``(status, cached, node, generation, freed)``. ``ROOM`` (``n``
+    tokens and 3 nodes) or ``FULL``: nothing changed."""
+    if not has_room(T, n, 2 if root >= 0 else 3):
+        return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
+    if root < 0:
+        if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
+            return FULL, 0, NO_NODE, T[GEN][0], 0
+        root = make_root(T, True, ns)
+    status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out)
+    if status != DONE:
+        return status, cached, NO_NODE, T[GEN][0], 0
+    meta = T[META]
+    meta[M_TOKENS_INSERTED] += q.shape[0]
+    meta[M_NEW_TOKENS] += n - cached
+    meta[M_EVICTED_TOKENS] += freed
+    return DONE, cached, node, T[GEN][node], freed
+
+
+@kernel
+def pc_lock(T, node, delta):
+    """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
+    count and the subtree count of it and every ancestor change, keeping the
+    locked-token count and the LRU heap in step."""
+    lock, length, parent, nchild = T[LOCK], T[LENGTH], T[PARENT], T[NCHILD]
+    heap, hpos, stamp, meta = T[HEAP], T[HPOS], T[STAMP], T[META]
+    T[OWN][node] += delta
+    w = node
+    while parent[w] >= 0:
+        before = lock[w]
+        lock[w] = before + delta
+        if before == 0 and delta > 0:
+            meta[M_LOCKED_TOKENS] += length[w]
+            if hpos[w] >= 0:
+                heap_remove(heap, hpos, stamp, meta, w)
+        elif before + delta == 0:
+            meta[M_LOCKED_TOKENS] -= length[w]
+            if nchild[w] == 0:
+                heap_push(heap, hpos, stamp, meta, w)
+        w = parent[w]
+
+
+@kernel
+def pc_evict(T, n, page, out):
+    """Free ``n`` tokens (a multiple of ``page``) from the tails of the least
+    recently used unlocked leaves; a parent left childless and unlocked
+    becomes a leaf candidate at once. Writes the freed tokens' values to
+    ``out`` (when values are kept) and returns the number freed."""
+    values, start, length, parent = T[VALUES], T[START], T[LENGTH], T[PARENT]
+    nchild, lock, heap, hpos, stamp, meta = T[NCHILD], T[LOCK], T[HEAP], T[HPOS], T[STAMP], T[META]
+    freed = 0
+    keep_values = values.shape[0] > 0
+    while freed < n and meta[M_HEAP_SIZE] > 0:
+        x = heap[0]
+        L = length[x]
+        take = min(L, n - freed)
+        rest = L - take
+        if keep_values:
+            copy_run(out, freed, values, start[x] + rest, take)
+        freed += take
+        if rest > 0:
+            length[x] = rest
+            meta[M_TOKENS] -= take
+            meta[M_DEAD_TOKENS] += take
+        else:
+            p = parent[x]
+            if parent[p] >= 0 and nchild[p] == 1 and lock[p] == 0:
+                # the parent becomes a leaf: it takes x's place at the top of
+                # the heap (one sift instead of a removal and a push)
+                heap[0] = p
+                hpos[p] = 0
+                hpos[x] = -1
+                heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], 0)
+            unlink(T, x, page, True)
+    return freed
+
+
+@kernel
+def pc_evict_one(T, n, page, out):
+    """``PrefixCache.evict``: free ``n`` tokens rounded up to whole pages (at
+    most the unlocked ones); ``out`` at least that long. Returns the freed
+    count."""
+    meta = T[META]
+    n = -(-n // page) * page
+    n = min(n, meta[M_TOKENS] - meta[M_LOCKED_TOKENS])
+    freed = pc_evict(T, n, page, out)
+    meta[M_EVICTED_TOKENS] += freed
+    return freed

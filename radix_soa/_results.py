@@ -1,0 +1,49 @@
+"""The public result types and exceptions of the caches.
+
+They live here, not in a baseline, so that their ``__module__`` and pickles
+name the product; the pure-Python baselines return the same types.
+
+>>> m = Match(3, 0, None)
+>>> m.length, type(m).__module__
+(3, 'radix_soa._results')
+"""
+
+from collections import namedtuple
+
+__all__ = ["Match", "InsertResult", "EvictResult", "CacheFullError", "InvariantError",
+           "ReadOnlyTreeError", "TreeFormatError", "STATS"]
+
+InsertResult = namedtuple("InsertResult", ["cached", "node", "evicted"], defaults=(None,))
+InsertResult.__doc__ = """Result of ``insert``: ``cached`` page-aligned tokens were already
+present; ``node`` is the handle of the node the inserted sequence ends at;
+``evicted`` is the ``EvictResult`` of what making room under the capacity
+freed (the caller frees those KV slots)."""
+
+Match = namedtuple("Match", ["length", "node", "values"])
+Match.__doc__ = """Result of ``match``: the page-aligned ``length`` of the longest cached
+prefix, the ``node`` ending exactly there (the namespace root when 0), and
+the prefix's ``values`` (int64 array, or ``None`` for a cache without values)."""
+
+EvictResult = namedtuple("EvictResult", ["num_tokens", "values"])
+EvictResult.__doc__ = """Result of ``evict``: ``num_tokens`` freed and their ``values`` in
+eviction order (int64 array, or ``None`` for a cache without values)."""
+
+# the counters of PrefixCache.stats (and of the reference cache), in order
+STATS = ("lookups", "query_tokens", "hit_tokens", "inserted_tokens", "evicted_tokens")
+
+
+class CacheFullError(RuntimeError):
+    """An insert would exceed the capacity even after evicting everything
+    evictable outside the path it extends; the cache is left unchanged."""
+
+
+class InvariantError(AssertionError):
+    """A structural invariant of the tree does not hold."""
+
+
+class TreeFormatError(ValueError):
+    """A saved tree is truncated, corrupted, foreign or of another version."""
+
+
+class ReadOnlyTreeError(RuntimeError):
+    """A memory-mapped tree was asked to change."""

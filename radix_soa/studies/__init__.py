@@ -1,0 +1,8 @@
+"""Studies on top of the caches: workload generators and trace loaders, the
+compiled trace replay and capacity sweeps, scheduling policies, footprint
+comparisons and the capacity study the command line prints.
+
+Modules: ``traces``, ``workloads``, ``replay`` (``replay``, ``sweep``),
+``schedule``, ``footprint``, ``study``. They import the product, never the
+other way round.
+"""

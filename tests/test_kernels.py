@@ -1,0 +1,149 @@
+"""Kernels against obviously-correct references at their edges: the 64-token
+compare blocks, probe runs that wrap around the child table, the status
+vocabulary and the one resume helper."""
+
+import numpy as np
+import pytest
+
+from radix_soa import PrefixCache, RadixCache
+from radix_soa._kernels import descent as KD
+from radix_soa._kernels import table as KT
+from radix_soa._kernels.layout import DONE, ROOM
+from radix_soa._results import InvariantError
+from radix_soa._storage import TreeStorage, resume
+
+
+def common_reference(a, b):
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
+@pytest.mark.parametrize("n", [1, 62, 63, 64, 65, 127, 128, 129, 200])
+def test_common_prefix_around_the_64_token_blocks(n, dtype):
+    rng = np.random.default_rng(n)
+    base = rng.integers(0, 1000, size=n + 70).astype(dtype)
+    offset = 5  # spans start inside the buffer, not at 0
+    for where in sorted({0, 1, 62, 63, 64, 65, 66, 127, 128, 129, n - 1, n}):
+        if where > n:
+            continue
+        q = base[offset:offset + n].astype(np.int64).copy()
+        if where < n:
+            q[where] += 1
+        got = KD.common(base, offset, q, 0, n)
+        assert got == common_reference(base[offset:offset + n].astype(np.int64), q) == where
+
+
+@pytest.mark.parametrize("n", [63, 64, 65, 128, 129])
+def test_match_and_exists_at_block_boundaries(n):
+    rc = RadixCache()
+    seq = np.arange(n) % 7
+    rc.insert(seq)
+    for cut in (n - 1, n):
+        assert rc.match_prefix(seq[:cut]) == cut
+    for where in (0, n // 2, 62, 63, 64, 65, n - 1):
+        if where >= n:
+            continue
+        q = seq.copy()
+        q[where] = 100
+        assert rc.match_prefix(q) == where
+        assert not rc.exists(q)
+    assert rc.exists(seq)
+
+
+def _home(table, arr, pos):
+    return int(KT.key_hash(0, arr, pos, 1)) & (table.shape[0] - 1)
+
+
+def _table_with_wrapping_run(size=16, count=6):
+    """A child table of ``size`` slots holding ``count`` children of node 0
+    whose homes are the last two slots, so their probe run wraps to 0."""
+    table = np.full(size, -1, np.int32)
+    tokens = []
+    t = 0
+    while len(tokens) < count:
+        arr = np.array([t], np.int64)
+        if _home(table, arr, 0) >= size - 2:
+            tokens.append(t)
+        t += 1
+    ids = np.arange(1, count + 1)
+    buf = np.array([0] + tokens, np.int64)  # node v's span starts at v
+    start = np.arange(count + 1, dtype=np.int64)
+    parent = np.array([-1] + [0] * count, np.int32)
+    for c in ids:
+        KT.table_put(table, buf, start, parent, c, 1)
+    return table, buf, start, parent, ids
+
+
+def _reachable(table, buf, start, parent, ids):
+    for c in ids:
+        if KT.find_child(table, buf, start, parent, 0, buf, int(start[c]), 1) != c:
+            return False
+    return True
+
+
+def test_a_probe_run_that_wraps_around_the_table():
+    table, buf, start, parent, ids = _table_with_wrapping_run()
+    filled = np.flatnonzero(table >= 0).tolist()
+    assert 0 in filled and 15 in filled  # the run wraps
+    assert _reachable(table, buf, start, parent, ids)
+
+
+@pytest.mark.parametrize("victim", range(6))
+def test_backward_shift_delete_across_the_wrap(victim):
+    table, buf, start, parent, ids = _table_with_wrapping_run()
+    c = int(ids[victim])
+    slot = KT.table_slot(table, buf, start, parent, c, 1)
+    KT.table_delete_slot(table, buf, start, parent, slot, 1)
+    rest = [int(x) for x in ids if x != c]
+    assert sorted(table[table >= 0].tolist()) == rest
+    assert _reachable(table, buf, start, parent, rest)
+    assert KT.find_child(table, buf, start, parent, 0, buf, int(start[c]), 1) == -1
+    # no hole between any entry's home slot and its slot (cyclically)
+    size = table.shape[0]
+    for i in np.flatnonzero(table >= 0):
+        home = _home(table, buf, int(start[table[i]]))
+        j = home
+        while j != i:
+            assert table[j] >= 0
+            j = (j + 1) % size
+
+
+def test_resume_grows_each_store_by_what_its_kernel_asked_for():
+    a, b = TreeStorage(), TreeStorage()
+    calls = []
+
+    def kernel():
+        calls.append((a.tokens.shape[0], b.start.shape[0]))
+        if len(calls) == 1:
+            a.meta[13], a.meta[14] = 10_000, 0   # M_NEED_TOKENS, M_NEED_NODES
+            return ROOM
+        if len(calls) == 2:
+            b.meta[13], b.meta[14] = 0, 500
+            return ROOM, 7
+        return DONE, 42
+
+    assert resume(kernel, (a, b)) == (DONE, 42)
+    assert calls[1][0] >= 10_000 and calls[2][1] >= 500
+    assert a.take_need() == (0, 0) and b.take_need() == (0, 0)
+
+
+def test_resume_refuses_a_room_status_without_a_need():
+    s = TreeStorage()
+    with pytest.raises(InvariantError, match="without saying how much"):
+        resume(lambda: ROOM, (s,))
+
+
+def test_a_namespace_is_made_by_the_call_that_first_uses_it():
+    pc = PrefixCache(capacity=4)
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    pc.lock(pc.match([1, 2, 3]).node)
+    with pytest.raises(Exception, match="no room"):
+        pc.insert([7, 8], values=[1, 2], namespace="tenant")
+    assert pc.namespaces == [0]  # refused: no root was made for it
+    pc.insert([7], values=[1], namespace="tenant")
+    assert pc.namespaces == [0, "tenant"]
+    assert pc._s.roots() == {0: pc._roots[0], 1: pc._roots["tenant"]}
