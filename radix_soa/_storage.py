@@ -2,8 +2,8 @@
 the one grow-and-resume helper, compaction and the counters.
 
 ``TreeStorage`` owns the arrays the kernels work on. They are published as
-one unit (``_views``: the ``Tree`` named tuple, the plain tuple the kernels
-take, and the read-only argument tuples), replaced by a single assignment:
+one unit (``_publish``: the ``Tree`` named tuple, the plain tuple the kernels
+take and the read-only argument tuples, swapped in by one C-level update):
 growth first allocates and fills every new array, then swaps them all in at
 once, so a ``MemoryError`` or ``KeyboardInterrupt`` anywhere before the swap
 leaves the storage exactly as it was, and one after it leaves it grown.
@@ -141,31 +141,24 @@ class TreeStorage:
 
     # ------------------------------------------------------------ the views
     def _publish(self, tree):
-        """Make ``tree`` the storage's arrays, in one assignment."""
-        views = (tree, tuple(tree),
-                 (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table),
-                 (tree.tokens, tree.start, tree.length, tree.parent, tree.table))
-        self._views = views
+        """Make ``tree`` the storage's arrays. Every view is built first; one
+        ``dict.update`` then replaces them all (a single C call over keys that
+        exist already, so neither a signal nor a ``MemoryError`` can stop it
+        half-way, and every view stays a plain, fast attribute):
 
-    @property
-    def tree(self):
-        """The arrays as a ``Tree`` named tuple."""
-        return self._views[0]
-
-    @property
-    def T(self):
-        """The arrays as the plain tuple mutating kernels take."""
-        return self._views[1]
-
-    @property
-    def R(self):
-        """``(tokens, start, length, parent, term, table)``: what ``exists`` reads."""
-        return self._views[2]
-
-    @property
-    def M(self):
-        """``(tokens, start, length, parent, table)``: what ``match`` reads."""
-        return self._views[3]
+        - ``tree``: the ``Tree`` named tuple; each field also as an attribute
+          (``tokens``, ``start``, ... ``meta``);
+        - ``T``: the same arrays as the plain tuple mutating kernels take;
+        - ``R``: ``(tokens, start, length, parent, term, table)``, what
+          ``exists`` reads; ``M``: the same without ``term``, what ``match``
+          reads.
+        """
+        views = tree._asdict()
+        views["tree"] = tree
+        views["T"] = tuple(tree)
+        views["R"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table)
+        views["M"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.table)
+        self.__dict__.update(views)
 
     @property
     def per_node_arrays(self):
@@ -176,11 +169,11 @@ class TreeStorage:
     # ------------------------------------------------------------ counters
     def count(self, name):
         """A counter by name (see ``COUNTERS``), as an int."""
-        return int(self._views[0].meta[COUNTERS[name]])
+        return int(self.meta[COUNTERS[name]])
 
     @property
     def node_end(self):
-        return int(self._views[0].meta[L.M_NODE_END])
+        return int(self.meta[L.M_NODE_END])
 
     def stats(self):
         """The prefix-cache statistics kept in meta, by name."""
@@ -375,15 +368,6 @@ MEMORY_COUNTS = {
     "child_table_whole": True,          # its empty slots keep probing short
     "python_object_overhead": False,    # about a kilobyte per cache
 }
-
-
-def _field_property(name):
-    return property(lambda self: getattr(self._views[0], name),
-                    doc=f"The ``{name}`` array (see ``radix_soa._kernels.layout``).")
-
-
-for _name in TREE_FIELDS:
-    setattr(TreeStorage, _name, _field_property(_name))
 
 
 def resume(call, stores, plan=None):

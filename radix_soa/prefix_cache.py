@@ -25,6 +25,7 @@ from .batch import as_batches, map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
+_NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that can free nothing
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -256,7 +257,7 @@ class PrefixCache(TreeCache):
         n = self._aligned(q.shape[0])
         cap = -1 if self._capacity is None else self._capacity
         root, ns = self._root(namespace)
-        out = np.empty(n if self.has_values and cap >= 0 else 0, np.int64)
+        out = np.empty(n, np.int64) if self.has_values and cap >= 0 else _NO_VALUES
         status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
                                                          cap, out)
         if status == ROOM:

@@ -285,10 +285,12 @@ def test_check_invariants_sees_kernel_views_that_are_not_the_storage(monkeypatch
     rc = fresh_radix()
     s = rc._s
     grown = s.tree._replace(tokens=np.zeros(s.tokens.shape[0] * 2, s.dtype))
-    views = list(s._views)
-    views[0] = grown  # the storage's arrays changed, the kernels' tuple did not
-    s._views = tuple(views)
+    s.tree = grown  # as if a growth had gone half-way: the kernels' tuple is the old one
+    s.tokens = grown.tokens
     with pytest.raises(InvariantError, match="kernels' tree tuple"):
+        rc.check_invariants(full=False)
+    s.tokens = s.T[0]  # and the other way round
+    with pytest.raises(InvariantError, match="array attribute"):
         rc.check_invariants(full=False)
 
 

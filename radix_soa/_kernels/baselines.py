@@ -126,6 +126,7 @@ def trie_insert_batch(token, parent, term, table, meta, flat, offsets, i0, new):
 
 @kernel
 def trie_exists_batch(token, parent, term, table, flat, offsets, out):
+    """``out[i]`` (bool, caller-allocated): sequence i of the CSR batch is stored."""
     for i in range(offsets.shape[0] - 1):
         qs = offsets[i]
         qn = offsets[i + 1] - qs
@@ -135,6 +136,7 @@ def trie_exists_batch(token, parent, term, table, flat, offsets, out):
 
 @kernel
 def trie_match_batch(token, parent, table, flat, offsets, out):
+    """``out[i]`` (int64): tokens of sequence i present as a path."""
     for i in range(offsets.shape[0] - 1):
         qs = offsets[i]
         v, d = _trie_walk(token, parent, table, flat, qs, offsets[i + 1] - qs)
@@ -203,6 +205,7 @@ def set_insert_batch(buf, offs, table, meta, flat, offsets, i0, new):
 
 @kernel
 def set_contains_batch(buf, offs, table, flat, offsets, out):
+    """``out[i]`` (bool, caller-allocated): sequence i of the CSR batch is in the set."""
     for i in range(offsets.shape[0] - 1):
         qs = offsets[i]
         slot, s = _set_find(buf, offs, table, flat, qs, offsets[i + 1] - qs)

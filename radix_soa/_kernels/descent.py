@@ -86,6 +86,8 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
 
 @kernel
 def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
+    """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,
+    ``offsets`` int64 of n + 1; ``out`` bool of n, caller-allocated)."""
     for i in range(offsets.shape[0] - 1):
         out[i] = exists_one(tokens, start, length, parent, term, table, root,
                             flat, offsets[i], offsets[i + 1] - offsets[i])
@@ -93,6 +95,7 @@ def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets
 
 @kernel_parallel
 def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat, offsets, out):
+    """``exists_batch`` on Numba's threads."""
     for i in prange(offsets.shape[0] - 1):
         out[i] = exists_one(tokens, start, length, parent, term, table, root,
                             flat, offsets[i], offsets[i + 1] - offsets[i])
@@ -100,6 +103,8 @@ def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat
 
 @kernel
 def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
+    """``out[i] = match_one(sequence i)`` for a CSR batch (``out`` int64 of n,
+    caller-allocated)."""
     for i in range(offsets.shape[0] - 1):
         out[i] = match_one(tokens, start, length, parent, table, root,
                            flat, offsets[i], offsets[i + 1] - offsets[i], page)
@@ -107,6 +112,7 @@ def match_batch(tokens, start, length, parent, table, root, flat, offsets, page,
 
 @kernel_parallel
 def match_batch_parallel(tokens, start, length, parent, table, root, flat, offsets, page, out):
+    """``match_batch`` on Numba's threads."""
     for i in prange(offsets.shape[0] - 1):
         out[i] = match_one(tokens, start, length, parent, table, root,
                            flat, offsets[i], offsets[i + 1] - offsets[i], page)
