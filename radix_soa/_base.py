@@ -1,7 +1,18 @@
-"""What ``RadixCache`` and ``PrefixCache`` share: memory reports,
-compaction, persistence and pickling of their ``TreeStorage``."""
+"""What ``RadixCache`` and ``PrefixCache`` share: the lock, memory reports,
+compaction, persistence and pickling of their ``TreeStorage``.
+
+Threads: every method that changes a cache, or reads it in more than one
+step (``save``, pickling, ``memory_report``, iteration, ``check_invariants``),
+holds the cache's lock (one ``RLock`` per cache) across room-making, kernel
+and bookkeeping. Single-kernel reads (``exists``, ``match_prefix``,
+``match_length`` and their batch forms) take no lock: kernels hold the GIL
+while they run, and a read that saw the arrays replaced by a growth in the
+middle of it runs again under the lock. So any mix of calls from any threads
+is safe, and a read sees the cache as it was at some instant during the call.
+"""
 
 import os
+import threading
 
 from . import _persist
 from ._results import ReadOnlyTreeError
@@ -12,6 +23,20 @@ class TreeCache:
     ``_extra_state`` / ``_restore_state`` for what lives outside the arrays."""
 
     _s = None
+
+    def _init_lock(self):
+        self._lock = threading.RLock()
+
+    def _read(self, call):
+        """``call()`` (one read-only kernel on ``self._s``'s current arrays),
+        run again under the lock if a growth replaced the arrays meanwhile."""
+        s = self._s
+        generation = s.generation
+        result = call()
+        if s.generation != generation:
+            with self._lock:
+                result = call()
+        return result
 
     # ------------------------------------------------------------ memory
     def memory_report(self):
@@ -25,7 +50,8 @@ class TreeCache:
         (inserted / stored), ``arrays`` (per array: dtype, used and allocated
         bytes) and ``counts`` (what is and is not counted).
         """
-        return self._s.memory_report()
+        with self._lock:
+            return self._s.memory_report()
 
     def compact(self, headroom=0.25):
         """Reclaim dead token runs (left by removes, merges and evictions) and
@@ -35,7 +61,8 @@ class TreeCache:
         if not 0 <= headroom <= 4:
             raise ValueError(f"headroom must be a fraction in [0, 4]; got {headroom}")
         self._writable()
-        self._s.compact(headroom)
+        with self._lock:
+            self._s.compact(headroom)
 
     # ------------------------------------------------------------ persistence
     @property
@@ -52,7 +79,8 @@ class TreeCache:
     def save(self, path):
         """Write the tree to directory ``path`` (``.npy`` files + a JSON
         header), atomically: the directory appears complete or not at all."""
-        _persist.save(self, path)
+        with self._lock:  # writers wait: the saved arrays are one instant's
+            _persist.save(self, path)
 
     @classmethod
     def load(cls, path, mmap=False):
@@ -69,15 +97,18 @@ class TreeCache:
         header = _persist.read_header(path, cls)
         arrays = _persist.load_arrays(path, header, mmap)
         obj = cls.__new__(cls)
+        obj._init_lock()
         obj._s = _persist.build_storage(path, header, arrays, mmap)
         obj._restore_state(header.get("state") or {})
         return obj
 
     def __getstate__(self):
-        header, arrays = _persist.state_of(self)
-        return {"header": header, "arrays": {k: v.copy() for k, v in arrays.items()}}
+        with self._lock:
+            header, arrays = _persist.state_of(self)
+            return {"header": header, "arrays": {k: v.copy() for k, v in arrays.items()}}
 
     def __setstate__(self, state):
+        self._init_lock()
         header = state["header"]
         self._s = _persist.build_storage("<pickle>", header, state["arrays"], mmap=False)
         self._restore_state(header.get("state") or {})

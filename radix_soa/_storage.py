@@ -24,7 +24,7 @@ from ._kernels import layout as L
 from ._kernels import mutation as KM
 from ._kernels import table as KT
 from ._kernels import walks as KW
-from ._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, TREE_FIELDS, Tree
+from ._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, Tree
 from ._results import InvariantError
 
 SUPPORTED_DTYPES = tuple(
@@ -148,12 +148,15 @@ class TreeStorage:
 
         - ``tree``: the ``Tree`` named tuple; each field also as an attribute
           (``tokens``, ``start``, ... ``meta``);
+        - ``generation``: bumped by every publish, so a lock-free reader
+          can tell that the arrays it read from were replaced;
         - ``T``: the same arrays as the plain tuple mutating kernels take;
         - ``R``: ``(tokens, start, length, parent, term, table)``, what
           ``exists`` reads; ``M``: the same without ``term``, what ``match``
           reads.
         """
         views = tree._asdict()
+        views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
         views["tree"] = tree
         views["T"] = tuple(tree)
         views["R"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table)
@@ -188,8 +191,10 @@ class TreeStorage:
     # ------------------------------------------------------------ growth
     def reserve(self, tokens=0, nodes=0):
         """Make room for ``tokens`` more buffer tokens and ``nodes`` more
-        nodes (and their table entries) before a kernel runs. All or
-        nothing: the new arrays are swapped in together at the end."""
+        nodes (and their table entries) before a kernel runs. The new arrays
+        are swapped in together at the end (a compaction first, when dead
+        runs outweigh live tokens, is published on its own: either way every
+        published state is whole)."""
         tree = self.tree
         meta = tree.meta
         tokens, nodes = int(tokens), int(nodes)
@@ -397,14 +402,15 @@ def resume(call, stores, plan=None):
             raise InvariantError("a kernel asked for room without saying how much")
 
 
-def batch_plan(batch, cursor, used0, grew):
+def batch_plan(batch, cursor, live0, grew):
     """A ``resume`` plan for a batch kernel with ``cursor``: after a stop,
     the tokens the batch has added so far per token it has read predict
     what the rest will add; the buffer grows to that (at least what the
     next item needs, at most all remaining tokens). A generous guess costs
     only address space (untouched pages are never resident), and
-    ``trim_slack`` gives the excess back at the end; ``grew`` (a list) gets
-    True appended when the plan is used."""
+    ``trim_slack`` gives the excess back at the end. ``live0``: the live
+    tokens before the batch; ``grew`` (a list) gets True appended when the
+    plan is used."""
     n = len(batch)
     offsets = batch.offsets
 
@@ -413,7 +419,7 @@ def batch_plan(batch, cursor, used0, grew):
         i = int(cursor[0])
         done = int(offsets[i] - offsets[0])
         remaining = int(offsets[n] - offsets[i])
-        added = s.count("tok_used") - used0
+        added = s.count("tokens") - live0  # live tokens: a compaction keeps them
         guess = tokens if done == 0 else min(remaining, max(0, added) * remaining // done * 3 // 2)
         return max(tokens, guess), max(nodes, min(2 * (n - i), 2 * s.node_end))
 

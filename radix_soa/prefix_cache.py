@@ -25,7 +25,7 @@ from .batch import as_batches, map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
-_NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that can free nothing
+_NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -55,6 +55,12 @@ class PrefixCache(TreeCache):
 
     Node handles (``Match.node``, ``InsertResult.node``) are ints that stay
     valid while the node lives; a handle to an evicted node is rejected.
+
+    Safe to share between threads: every call but ``match_length(_batch)``
+    holds the cache's lock; between two calls (``match`` then ``lock``)
+    another thread may evict the node, and ``lock`` then raises
+    ``ValueError``. An exception leaves the cache as it was or as the call
+    made it (``match_batch``: a prefix of its matches done).
     """
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64):
@@ -63,6 +69,7 @@ class PrefixCache(TreeCache):
             capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
         self._page = page_size
+        self._init_lock()
         self._s = TreeStorage(dtype, values=values, track=True, page_size=page_size)
         self._ns_keys = [0]       # namespace number -> key, in order of first use
         self._ns_number = {0: 0}  # key -> namespace number
@@ -98,7 +105,9 @@ class PrefixCache(TreeCache):
     @property
     def evictable_tokens(self):
         """``total_tokens - locked_tokens``: what ``evict`` can free."""
-        return self.total_tokens - self.locked_tokens
+        s = self._s
+        with self._lock:
+            return s.count("tokens") - s.count("locked_tokens")
 
     @property
     def num_nodes(self):
@@ -108,23 +117,27 @@ class PrefixCache(TreeCache):
     @property
     def namespaces(self):
         """The namespaces that hold a root, in order of first use."""
-        self._roots_in_sync()
-        return list(self._roots)
+        with self._lock:
+            self._roots_in_sync()
+            return list(self._roots)
 
     @property
     def stats(self):
         """Counters since creation: lookups, query_tokens, hit_tokens,
         inserted_tokens, evicted_tokens and hit_rate (hit / query tokens)."""
-        out = self._s.stats()
+        with self._lock:
+            out = self._s.stats()
         out["hit_rate"] = out["hit_tokens"] / out["query_tokens"] if out["query_tokens"] else 0.0
         return out
 
     # ------------------------------------------------------------ handles
-    def _root(self, namespace):
+    def _root(self, namespace, create=True):
         """``(root id, 0)`` of ``namespace``, or ``(-1, number)`` when it has
         no root yet: the kernel that needs one makes it, with the namespace's
         number in its ``start``, so a namespace is created in the same call
-        that first uses it (and the arrays always say which roots exist)."""
+        that first uses it (and the arrays always say which roots exist).
+        ``create=False`` (readers, without the lock) gives ``(-1, -1)`` for a
+        namespace without a root and numbers nothing."""
         if type(namespace) is int or type(namespace) is str:  # the common case, fast
             root = self._roots.get(namespace)
             if root is not None:
@@ -139,6 +152,8 @@ class PrefixCache(TreeCache):
         root = self._roots.get(namespace)
         if root is not None:
             return root, 0
+        if not create:
+            return -1, -1
         number = self._ns_number.get(namespace)
         if number is None:
             self._ns_keys.append(namespace)  # an unused number is harmless
@@ -181,14 +196,15 @@ class PrefixCache(TreeCache):
         if s.readonly:
             self._writable()
         q = as_tokens(tokens)
-        root, ns = self._root(namespace)
-        out = np.empty(q.shape[0] if s.has_values else 0, np.int64)
-        status, length, v, gen = KP.pc_match_one(s.T, root, ns, q, self._page, out)
-        if status == ROOM:
-            status, length, v, gen = s.run(
-                lambda: KP.pc_match_one(s.T, root, ns, q, self._page, out))
-        if root < 0:
-            self._roots_in_sync()
+        out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
+        with self._lock:
+            root, ns = self._root(namespace)
+            status, length, v, gen = KP.pc_match_one(s.T, root, ns, q, self._page, out)
+            if status == ROOM:
+                status, length, v, gen = s.run(
+                    lambda: KP.pc_match_one(s.T, root, ns, q, self._page, out))
+            if root < 0:
+                self._roots_in_sync()
         return Match(length, (int(gen) << _GEN_SHIFT) | v, out[:length] if s.has_values else None)
 
     def match_length(self, tokens, namespace=0):
@@ -201,23 +217,28 @@ class PrefixCache(TreeCache):
         (2, 1)
         """
         q = as_tokens(tokens)
-        root, ns = self._root(namespace)
+        root, ns = self._root(namespace, create=False)
         if root < 0:
             return 0
         s = self._s
-        return int(KD.match_one(*s.M, root, q, 0, q.shape[0], self._page))
+        generation = s.generation
+        length = KD.match_one(*s.M, root, q, 0, q.shape[0], self._page)
+        if s.generation != generation:  # a growth replaced the arrays meanwhile
+            with self._lock:
+                length = KD.match_one(*s.M, root, q, 0, q.shape[0], self._page)
+        return int(length)
 
     def match_length_batch(self, batch, namespace=0, parallel=None):
         """``match_length`` for every sequence of ``batch`` (an int64 array),
         in parallel for large batches (see ``RadixCache.exists_batch``)."""
         batches = as_batches(batch)
-        root, ns = self._root(namespace)
+        root, ns = self._root(namespace, create=False)
         kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
         s = self._s
         if root < 0:  # a namespace never used: nothing cached in it
             return map_batches(batches, np.int64, lambda b, res: None)
-        return map_batches(batches, np.int64,
-                           lambda b, res: kernel(*s.M, root, b.flat, b.offsets, self._page, res))
+        return map_batches(batches, np.int64, lambda b, res: self._read(
+            lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
 
     def match_batch(self, batch, namespace=0):
         """Match lengths for many requests, exactly as a loop of ``match``
@@ -227,7 +248,9 @@ class PrefixCache(TreeCache):
         """
         self._writable()
         batches = as_batches(batch)
-        return map_batches(batches, np.int64, lambda b, out: self._match_csr(namespace, b, out))
+        with self._lock:
+            return map_batches(batches, np.int64,
+                               lambda b, out: self._match_csr(namespace, b, out))
 
     def _match_csr(self, namespace, b, out):
         s = self._s
@@ -256,17 +279,18 @@ class PrefixCache(TreeCache):
         vals = self._check_values(values, q.shape[0])
         n = self._aligned(q.shape[0])
         cap = -1 if self._capacity is None else self._capacity
-        root, ns = self._root(namespace)
         out = np.empty(n, np.int64) if self.has_values and cap >= 0 else _NO_VALUES
-        status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
-                                                         cap, out)
-        if status == ROOM:
-            status, cached, v, gen, freed = s.run(
-                lambda: KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page, cap, out))
-        if status == FULL:
-            raise self._full(n)
-        if root < 0:
-            self._roots_in_sync()
+        with self._lock:
+            root, ns = self._root(namespace)
+            status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
+                                                             cap, out)
+            if status == ROOM:
+                status, cached, v, gen, freed = s.run(
+                    lambda: KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page, cap, out))
+            if status == FULL:
+                raise self._full(n)
+            if root < 0:
+                self._roots_in_sync()
         return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, self._evicted(freed, out))
 
     def _full(self, n):
@@ -294,20 +318,24 @@ class PrefixCache(TreeCache):
         """Protect the path root..``node`` from eviction (a reference count:
         each ``lock`` needs its ``unlock``)."""
         self._writable()
-        v = self._resolve(node)
-        if self._s.parent[v] >= 0:
-            KP.pc_lock(self._s.T, v, 1)
+        s = self._s
+        with self._lock:
+            v = self._resolve(node)
+            if s.parent[v] >= 0:
+                KP.pc_lock(s.T, v, 1)
 
     def unlock(self, node):
         """Release one ``lock`` of ``node``; ``ValueError`` if it holds none."""
         self._writable()
-        v = self._resolve(node)
-        if self._s.parent[v] < 0:
-            return
-        if self._s.own[v] <= 0:
-            raise ValueError(f"node handle {node} holds no lock of its own"
-                             if self._s.lock[v] else f"node handle {node} is not locked")
-        KP.pc_lock(self._s.T, v, -1)
+        s = self._s
+        with self._lock:
+            v = self._resolve(node)
+            if s.parent[v] < 0:
+                return
+            if s.own[v] <= 0:
+                raise ValueError(f"node handle {node} holds no lock of its own"
+                                 if s.lock[v] else f"node handle {node} is not locked")
+            KP.pc_lock(s.T, v, -1)
 
     def evict(self, num_tokens):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
@@ -316,9 +344,11 @@ class PrefixCache(TreeCache):
         self._writable()
         n = check_int("num_tokens", num_tokens, minimum=0)
         s = self._s
-        bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
-        out = np.empty(bound if self.has_values else 0, np.int64)
-        return self._evicted(int(KP.pc_evict_one(s.T, n, self._page, out)), out)
+        with self._lock:
+            bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
+            out = np.empty(bound if self.has_values else 0, np.int64)
+            freed = int(KP.pc_evict_one(s.T, n, self._page, out))
+        return self._evicted(freed, out)
 
     # ------------------------------------------------------------ state
     def _extra_state(self):
@@ -326,9 +356,15 @@ class PrefixCache(TreeCache):
                 "namespaces": list(self._ns_keys)}
 
     def _restore_state(self, state):
-        self._capacity = state.get("capacity")
-        self._page = int(state.get("page_size", self._s.page_size))
         s = self._s
+        capacity = state.get("capacity")
+        if capacity is not None and (type(capacity) is not int or capacity < s.count("tokens")):
+            raise TreeFormatError(f"the saved capacity {capacity!r} is not an int at least the "
+                                  f"{s.count('tokens')} tokens the tree holds")
+        if state.get("page_size", s.page_size) != s.page_size:
+            raise TreeFormatError("the saved page size disagrees with the tree's")
+        self._capacity = capacity
+        self._page = s.page_size
         if "namespaces" in state:
             keys = state["namespaces"]
             pairs = None
@@ -337,21 +373,22 @@ class PrefixCache(TreeCache):
             keys = [ns for ns, _ in pairs]
             s.set_stats(state.get("stats", {}))
         if not isinstance(keys, list) or not keys or not all(
-                type(k) in (int, str) for k in keys):
-            raise TreeFormatError("the saved namespaces are not a list of ints and strs")
+                type(k) in (int, str) for k in keys) or len(set(keys)) != len(keys):
+            raise TreeFormatError("the saved namespaces are not a list of distinct ints and strs")
         self._ns_keys = list(keys)
         self._ns_number = {k: i for i, k in enumerate(keys)}
         if pairs is not None:
             if sorted(r for _, r in pairs) != s.root_ids().tolist():
                 raise TreeFormatError("the saved namespace roots are not the tree's roots")
-            self._roots = dict(pairs)
-            if not s.readonly:  # record each root's namespace in the arrays, as now
-                for i, (_, r) in enumerate(pairs):
-                    s.start[r] = i
-            return
+            start = s.start.copy()  # record each root's namespace in the arrays, as now
+            for i, (_, r) in enumerate(pairs):
+                start[r] = i
+            s._publish(s.tree._replace(start=start))
+        ids = s.root_ids()
         roots = s.roots()
-        if any(not 0 <= n < len(keys) for n in roots) or len(roots) != s.count("roots"):
-            raise TreeFormatError("a root names a namespace the header does not list")
+        if (any(not 0 <= n < len(keys) for n in roots) or len(roots) != len(ids)
+                or len(ids) != s.count("roots")):
+            raise TreeFormatError("the roots do not name distinct namespaces the header lists")
         self._roots = {keys[n]: r for n, r in sorted(roots.items())}
 
     # ------------------------------------------------------------ checks
@@ -359,11 +396,16 @@ class PrefixCache(TreeCache):
         """Structure, lock accounting (``evictable + locked == total``, locked
         tokens = spans of locked nodes, locks never grow towards the root...)
         and the LRU heap (exactly the unlocked leaves, in heap order)."""
-        check_tree(self._s, full=full, canonical=False)
-        if self.evictable_tokens + self.locked_tokens != self.total_tokens:
-            raise InvariantError("evictable + locked tokens == total tokens")
-        if self._capacity is not None and self.total_tokens > self._capacity:
-            raise InvariantError("total tokens within capacity")
+        with self._lock:
+            check_tree(self._s, full=full, canonical=False)
+            if self.evictable_tokens + self.locked_tokens != self.total_tokens:
+                raise InvariantError("evictable + locked tokens == total tokens")
+            if self._capacity is not None and self.total_tokens > self._capacity:
+                raise InvariantError("total tokens within capacity")
+            roots = self._s.roots()
+            if (len(roots) != len(self._s.root_ids())
+                    or any(not 0 <= n < len(self._ns_keys) for n in roots)):
+                raise InvariantError("every root keeps the number of a distinct namespace")
 
     def __repr__(self):
         return (f"PrefixCache(tokens={self.total_tokens}, nodes={self.num_nodes}, "

@@ -34,9 +34,15 @@ class RadixCache(TreeCache):
     ``dtype`` is the token buffer's type: ``np.int64`` (default) takes any
     signed 64-bit token; ``np.int32``/``np.uint16``... halve or quarter the
     buffer and raise ``OverflowError`` on tokens that do not fit.
+
+    Safe to share between threads (see ``radix_soa._base``): writes take the
+    cache's lock, reads see the tree as it was at some instant of the call.
+    An exception leaves the tree as it was or as the call made it (a batch:
+    a prefix of it inserted).
     """
 
     def __init__(self, dtype=np.int64):
+        self._init_lock()
         self._s = TreeStorage(dtype)
 
     # ------------------------------------------------------------ sizes
@@ -68,7 +74,12 @@ class RadixCache(TreeCache):
         """
         q = as_tokens(sequence)
         s = self._s
-        return bool(KD.exists_one(*s.R, s.root, q, 0, q.shape[0]))
+        generation = s.generation
+        found = KD.exists_one(*s.R, s.root, q, 0, q.shape[0])
+        if s.generation != generation:  # a growth replaced the arrays meanwhile
+            with self._lock:
+                found = KD.exists_one(*s.R, s.root, q, 0, q.shape[0])
+        return bool(found)
 
     __contains__ = exists
 
@@ -82,7 +93,12 @@ class RadixCache(TreeCache):
         """
         q = as_tokens(sequence)
         s = self._s
-        return int(KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1))
+        generation = s.generation
+        length = KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1)
+        if s.generation != generation:
+            with self._lock:
+                length = KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1)
+        return int(length)
 
     # ------------------------------------------------------------ mutation
     def insert(self, sequence):
@@ -98,9 +114,10 @@ class RadixCache(TreeCache):
             raise ValueError("cannot insert an empty sequence")
         s = self._s
         check_fits(q, s.dtype)
-        status, new = KM.radix_insert(s.T, s.root, q)
-        if status == ROOM:
-            status, new = s.run(lambda: KM.radix_insert(s.T, s.root, q))
+        with self._lock:
+            status, new = KM.radix_insert(s.T, s.root, q)
+            if status == ROOM:
+                status, new = s.run(lambda: KM.radix_insert(s.T, s.root, q))
         return new == 1
 
     def remove(self, sequence):
@@ -112,7 +129,8 @@ class RadixCache(TreeCache):
         self._writable()
         q = as_tokens(sequence)
         s = self._s
-        status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
+        with self._lock:
+            status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
         if not removed:
             raise KeyError(_short(q))
 
@@ -137,16 +155,20 @@ class RadixCache(TreeCache):
                 raise ValueError(f"cannot insert an empty sequence (sequence "
                                  f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
             check_fits(b.flat, self._s.dtype)
-        return map_batches(batches, np.bool_, self._insert_csr)
+        with self._lock:
+            return map_batches(batches, np.bool_, self._insert_csr)
 
     def _insert_csr(self, b, new):
         s = self._s
         cursor = np.zeros(1, np.int64)
         grew = []
         s.run(lambda: KM.radix_insert_batch(s.T, s.root, b.flat, b.offsets, cursor, new),
-              plan=batch_plan(b, cursor, s.count("tok_used"), grew))
+              plan=batch_plan(b, cursor, s.count("tokens"), grew))
         if grew:
-            s.trim_slack()
+            try:
+                s.trim_slack()
+            except MemoryError:  # giving memory back is optional; the batch is in
+                pass
 
     def exists_batch(self, batch, parallel=None):
         """``exists`` for every sequence of ``batch``, as a bool array.
@@ -164,8 +186,8 @@ class RadixCache(TreeCache):
         batches = as_batches(batch)
         kernel = KD.exists_batch_parallel if use_parallel(parallel, batches) else KD.exists_batch
         s = self._s
-        return map_batches(batches, np.bool_,
-                           lambda b, res: kernel(*s.R, s.root, b.flat, b.offsets, res))
+        return map_batches(batches, np.bool_, lambda b, res: self._read(
+            lambda: kernel(*s.R, s.root, b.flat, b.offsets, res)))
 
     def match_prefix_batch(self, batch, parallel=None):
         """``match_prefix`` for every sequence of ``batch``, as an int64 array
@@ -178,17 +200,18 @@ class RadixCache(TreeCache):
         batches = as_batches(batch)
         kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
         s = self._s
-        return map_batches(batches, np.int64,
-                           lambda b, res: kernel(*s.M, s.root, b.flat, b.offsets, 1, res))
+        return map_batches(batches, np.int64, lambda b, res: self._read(
+            lambda: kernel(*s.M, s.root, b.flat, b.offsets, 1, res)))
 
     # ------------------------------------------------------------ iteration
     def to_csr(self):
         """All stored sequences as ``(flat, offsets)``: sequence ``i`` is
         ``flat[offsets[i]:offsets[i+1]]``, in lexicographic order."""
         s = self._s
-        t = s.tree
-        flat, offsets = KW.collect_sequences(t.tokens, t.start, t.length, t.parent, t.term, s.root,
-                                             s.node_end)
+        with self._lock:
+            t = s.tree
+            flat, offsets = KW.collect_sequences(t.tokens, t.start, t.length, t.parent, t.term,
+                                                 s.root, s.node_end)
         return flat.astype(np.int64, copy=False), offsets
 
     def __iter__(self):
@@ -201,7 +224,8 @@ class RadixCache(TreeCache):
 
         ``full=False`` runs only the O(1) counter checks.
         """
-        check_tree(self._s, full=full, canonical=True)
+        with self._lock:
+            check_tree(self._s, full=full, canonical=True)
 
     def __repr__(self):
         return (f"RadixCache(sequences={len(self)}, nodes={self.num_nodes}, "

@@ -128,3 +128,38 @@ def test_a_header_naming_too_few_namespaces_is_refused(tmp_path):
     (tmp_path / "t" / "header.json").write_text(json.dumps(header))
     with pytest.raises(rs.TreeFormatError, match="namespace"):
         PrefixCache.load(tmp_path / "t")
+
+
+def test_a_refused_insert_does_not_grow_the_arrays():
+    pc = PrefixCache(capacity=100)
+    before = pc.memory_report()["total_bytes"]
+    with pytest.raises(rs.CacheFullError):
+        pc.insert(np.zeros(1_000_000, np.int64), values=np.zeros(1_000_000, np.int64))
+    assert pc.memory_report()["total_bytes"] == before
+
+
+def test_a_version_1_tree_mapped_then_saved_loads_again(tmp_path):
+    pc = PrefixCache()
+    for ns in (0, "b", 7):
+        pc.insert([1, 2], values=[1, 2], namespace=ns)
+    pc.save(tmp_path / "t")
+    _as_version_1(tmp_path / "t")
+    mapped = PrefixCache.load(tmp_path / "t", mmap=True)
+    mapped.save(tmp_path / "again")
+    again = PrefixCache.load(tmp_path / "again")
+    assert again.namespaces == [0, "b", 7] and again.match_length([1, 2], namespace=7) == 2
+    import pickle
+    assert pickle.loads(pickle.dumps(mapped)).namespaces == [0, "b", 7]
+
+
+@pytest.mark.parametrize("field, value", [("capacity", 1), ("capacity", True), ("page_size", 2),
+                                          ("namespaces", [0, 0])])
+def test_header_state_is_checked_against_the_arrays(tmp_path, field, value):
+    pc = PrefixCache(capacity=50)
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    pc.save(tmp_path / "t")
+    header = json.loads((tmp_path / "t" / "header.json").read_text())
+    header["state"][field] = value
+    (tmp_path / "t" / "header.json").write_text(json.dumps(header))
+    with pytest.raises(rs.TreeFormatError):
+        PrefixCache.load(tmp_path / "t")

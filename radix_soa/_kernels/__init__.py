@@ -1,11 +1,12 @@
 """Every Numba kernel of radix_soa, one module per job.
 
 Kernels take unpacked arrays or the tree tuple ``T`` (never a Python
-object), never allocate persistent arrays and never raise: the Python side
-reserves room first, and a kernel that could still run out returns the
-``ROOM`` status with its need in ``meta`` (see ``layout``), changing nothing
-of the item it stopped at. ``radix_soa._storage.resume`` grows and calls
-again, for every caller.
+object), never allocate persistent arrays and never raise. A tree kernel
+that runs out of room returns the ``ROOM`` status with its need in ``meta``
+(see ``layout``), changing nothing of the item it stopped at, and
+``radix_soa._storage.resume`` grows and calls again, for every caller. (The
+array baselines' batch kernels keep their own convention: they return the
+item they stopped at.)
 
 Modules, bottom up (a module calls only those above it in this list)::
 

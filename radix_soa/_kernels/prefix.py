@@ -151,20 +151,26 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
     """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
     capacity ``cap`` (-1: unbounded) in one descent: the match, the room it
     needs (evicting least recently used tokens, never from the path it
-    extends; freed values to ``out``, ``n`` long) and the insert. Needs room
-    for ``n`` tokens and 2 nodes. Returns ``(status, cached, node, freed)``;
-    ``FULL`` (locked tokens leave no room): nothing changed."""
+    extends; freed values to ``out``, ``n`` long) and the insert. Returns
+    ``(status, cached, node, freed)``; ``FULL`` (locked tokens leave no
+    room) is decided before the room check, so a refused insert never
+    grows the arrays; ``ROOM`` (the new tokens and 2 nodes): nothing
+    changed."""
     v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, n,
                            page)
     cached = pos + k
     freed = 0
+    need = 0
+    protect = c if c != NO_NODE else v
     if cap >= 0:
-        protect = c if c != NO_NODE else v
         need = room_needed(T, n - cached, path_unlocked(T, root, protect), page, cap)
-        if need < 0:
+        # the values freed go to ``out``: never more than it holds
+        if need < 0 or (T[VALUES].shape[0] > 0 and need > out.shape[0]):
             return FULL, cached, NO_NODE, 0
-        if need > 0:
-            freed = evict_keeping(T, root, protect, need, page, out)
+    if not has_room(T, n - cached, 2):
+        return need_room(T, n - cached, 2), cached, NO_NODE, 0
+    if need > 0:
+        freed = evict_keeping(T, root, protect, need, page, out)
     meta = T[META]
     meta[M_CLOCK] += 1
     node = extend(T, root, v, c, k, pos, q, qs, n, vals, vs, page, True, meta[M_CLOCK])
@@ -177,13 +183,13 @@ def pc_insert_one(T, root, ns, q, n, vals, page, cap, out):
     0``: namespace number ``ns`` has no root yet, and it is made here unless
     the insert cannot fit.
 
-    Returns ``(status, cached, node, generation, freed)``. ``ROOM`` (``n``
-    tokens and 3 nodes) or ``FULL``: nothing changed."""
-    if not has_room(T, n, 2 if root >= 0 else 3):
-        return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
+    Returns ``(status, cached, node, generation, freed)``. ``ROOM`` or
+    ``FULL``: nothing changed."""
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
+        if not has_room(T, n, 3):
+            return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
         root = make_root(T, True, ns)
     status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out)
     if status != DONE:

@@ -122,8 +122,9 @@ def lpm_pick(Td, roots, flat, offsets, win, state, window, page):
 @kernel
 def host_store(Th, root, flat, qs, n, page, hcap):
     """Insert ``flat[qs:qs+n]`` into the host tier like ``PrefixCache.insert``
-    (LRU eviction under ``hcap``, skipped when it cannot fit). Needs room for
-    ``n`` tokens and 2 nodes. Returns the new tokens the host took in."""
+    (LRU eviction under ``hcap``, skipped when it cannot fit). The caller has
+    made room for ``n`` tokens and 2 nodes. Returns the new tokens the host
+    took in."""
     status, cached, node, freed = insert_capped(Th, root, flat, qs, n, flat, qs, page, hcap,
                                                 Th[VALUES])
     return 0 if status != DONE else n - cached

@@ -1,4 +1,4 @@
-"""Two array baselines ``radix_soa.footprint`` measures ``RadixCache`` against,
+"""Two array baselines ``radix_soa.studies.footprint`` measures ``RadixCache`` against,
 built in the same struct-of-arrays style (plain NumPy arrays, Numba kernels,
 one open-addressing hash table, splitmix64 mixing, linear probing, load kept
 at or under 0.7 with the same sizing rule as the radix tree's child table):
@@ -34,6 +34,7 @@ import numpy as np
 from .._kernels import baselines as KB
 from .._kernels.baselines import (NO_ENTRY, SET_META_SIZE, SET_SEQS, SET_TOKENS, TRIE_META_SIZE,
                                   TRIE_NODES, TRIE_TERMINALS)
+from .._kernels.table import table_fits
 from .._storage import table_size_for
 from ..batch import pack
 
@@ -109,14 +110,17 @@ class TokenTrie:
         """Room for ``nodes`` more nodes and their table entries."""
         have = self.num_nodes
         end = have + 1  # root included
+        new = {}  # built beside the live arrays, swapped in by one update
         if end + nodes > self.token.shape[0]:
             cap = max(2 * self.token.shape[0], end + nodes)
-            self.token = _grown(self.token, cap, end)
-            self.parent = _grown(self.parent, cap, end)
-            self.term = _grown(self.term, (cap + 7) // 8, (end + 7) // 8)
-        if (have + nodes) * 10 > self.table.shape[0] * 7:
-            self.table = np.full(table_size_for(have + nodes), NO_ENTRY, np.int32)
-            KB.trie_rebuild_table(self.token, self.parent, self.table, have)
+            new["token"] = _grown(self.token, cap, end)
+            new["parent"] = _grown(self.parent, cap, end)
+            new["term"] = _grown(self.term, (cap + 7) // 8, (end + 7) // 8)
+        if not table_fits(have + nodes, self.table.shape[0]):
+            new["table"] = np.full(table_size_for(have + nodes), NO_ENTRY, np.int32)
+            KB.trie_rebuild_table(new.get("token", self.token), new.get("parent", self.parent),
+                                  new["table"], have)
+        self.__dict__.update(new)
 
     def insert_batch(self, seqs):
         """Insert every sequence (anything ``radix_soa.pack`` takes); a bool
@@ -193,13 +197,16 @@ class SequenceHashSet:
     def _reserve(self, tokens, seqs):
         n = len(self)
         used = self.num_tokens
+        new = {}  # built beside the live arrays, swapped in by one update
         if used + tokens > self.buf.shape[0]:
-            self.buf = _grown(self.buf, max(2 * self.buf.shape[0], used + tokens), used)
+            new["buf"] = _grown(self.buf, max(2 * self.buf.shape[0], used + tokens), used)
         if n + 1 + seqs > self.offs.shape[0]:
-            self.offs = _grown(self.offs, max(2 * self.offs.shape[0], n + 1 + seqs), n + 1)
-        if (n + seqs) * 10 > self.table.shape[0] * 7:
-            self.table = np.full(table_size_for(n + seqs), NO_ENTRY, np.int32)
-            KB.set_rebuild_table(self.buf, self.offs, self.table, n)
+            new["offs"] = _grown(self.offs, max(2 * self.offs.shape[0], n + 1 + seqs), n + 1)
+        if not table_fits(n + seqs, self.table.shape[0]):
+            new["table"] = np.full(table_size_for(n + seqs), NO_ENTRY, np.int32)
+            KB.set_rebuild_table(new.get("buf", self.buf), new.get("offs", self.offs),
+                                 new["table"], n)
+        self.__dict__.update(new)
 
     def insert_batch(self, seqs):
         """Insert every sequence; a bool array, True where a sequence was not

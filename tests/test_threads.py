@@ -1,0 +1,181 @@
+"""Many threads on one cache: writers growing it while readers look up,
+mixed prefix-cache traffic, saving beside inserts. Run with a tiny switch
+interval so threads interleave between almost every bytecode."""
+
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from radix_soa import CacheFullError, PrefixCache, RadixCache
+
+
+@pytest.fixture(autouse=True)
+def fast_switching():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def run_threads(targets, background=(), seconds=30):
+    """Run ``targets`` (``(fn, *args)``) to the end on threads while the
+    ``background`` functions loop on threads of their own (each call gets
+    the stop event); re-raise the first error any of them hit."""
+    errors = []
+    stop = threading.Event()
+
+    def guard(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            stop.set()
+
+    def loop(fn):
+        while not stop.is_set():
+            fn()
+
+    threads = [threading.Thread(target=guard, args=t) for t in targets]
+    side = [threading.Thread(target=guard, args=(loop, fn)) for fn in background]
+    for t in threads + side:
+        t.start()
+    for t in threads:
+        t.join(seconds)
+    stop.set()
+    for t in side:
+        t.join(seconds)
+    assert not any(t.is_alive() for t in threads + side), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def sequences(seed, n, vocab=6, longest=80):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=int(k)) for k in rng.integers(1, longest, size=n)]
+
+
+def test_writers_and_readers_on_one_radix_cache():
+    rc = RadixCache()
+    writers = [sequences(w, 1500) for w in range(3)]
+    published = []  # sequences whose insert has returned
+    missing = []
+    rng = np.random.default_rng(99)
+
+    def write(seqs, batch):
+        for i in range(0, len(seqs), 50):
+            if batch:
+                rc.insert_batch(seqs[i:i + 50])
+            else:
+                for q in seqs[i:i + 50]:
+                    rc.insert(q)
+            published.extend(seqs[i:i + 50])
+
+    def read():
+        n = len(published)
+        if n == 0:
+            return
+        q = published[int(rng.integers(0, n))]
+        if not rc.exists(q) or rc.match_prefix(q) != len(q):
+            missing.append(q)
+        if rng.random() < 0.05 and not rc.exists_batch(published[:n:7]).all():
+            missing.append("batch")
+
+    run_threads([(write, writers[0], False), (write, writers[1], True), (write, writers[2], False)],
+                background=[read, read])
+    assert missing == []
+    everything = [q for w in writers for q in w]
+    assert rc.exists_batch(everything).all()
+    assert len(rc) == len({tuple(q.tolist()) for q in everything})
+    rc.check_invariants()
+
+
+def test_mixed_traffic_on_one_prefix_cache():
+    capacity = 3000
+    pc = PrefixCache(capacity=capacity, page_size=2)
+    qs = sequences(5, 200, vocab=4, longest=60)
+    rng = np.random.default_rng(5)
+
+    def serve(seed):
+        rng = np.random.default_rng(seed)
+        for q in sequences(seed, 600, vocab=4, longest=60):
+            m = pc.match(q, namespace=int(seed % 2))
+            try:
+                pc.lock(m.node)
+            except ValueError:  # the evictor freed it between the two calls
+                continue
+            try:
+                pc.insert(q, values=np.arange(len(q)), namespace=int(seed % 2))
+            except CacheFullError:  # locked paths leave no room: an answer, not a failure
+                pass
+            pc.unlock(m.node)
+            if rng.random() < 0.1:
+                pc.match_batch([q, q[:3]])
+
+    def evictor():
+        pc.evict(64)
+        pc.check_invariants(full=False)  # evictable + locked == total, within capacity
+
+    def reader():
+        q = qs[int(rng.integers(0, len(qs)))]
+        n = pc.match_length(q)
+        assert 0 <= n <= len(q) and n % 2 == 0
+
+    run_threads([(serve, s) for s in range(4)], background=[evictor, reader])
+    pc.check_invariants()
+    assert pc.locked_tokens == 0
+    assert pc.evictable_tokens == pc.total_tokens <= capacity
+
+
+def test_saving_beside_inserts_writes_a_whole_tree(tmp_path):
+    rc = RadixCache()
+    seqs = sequences(3, 3000)
+    done = threading.Event()
+
+    def write():
+        for i in range(0, len(seqs), 100):
+            rc.insert_batch(seqs[i:i + 100])
+        done.set()
+
+    saved = []
+
+    def save():
+        k = 0
+        while not done.is_set() or k == 0:
+            path = tmp_path / f"t{k % 3}"
+            rc.save(path)
+            saved.append(path)
+            loaded = RadixCache.load(path)
+            loaded.check_invariants()
+            assert loaded.exists_batch(list(loaded)).all()
+            k += 1
+
+    run_threads([(write,), (save,)])
+    assert saved
+    final = tmp_path / "final"
+    rc.save(final)
+    assert RadixCache.load(final).exists_batch(seqs).all()
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_BOUNDSCHECK") == "1", reason="covered by the tests above")
+def test_pickling_beside_writers():
+    import pickle
+
+    pc = PrefixCache()
+    seqs = sequences(8, 800)
+
+    def write():
+        for q in seqs:
+            pc.insert(q, values=q)
+
+    copies = []
+
+    def copy():
+        for _ in range(30):
+            copies.append(pickle.loads(pickle.dumps(pc)))
+
+    run_threads([(write,), (copy,)])
+    for c in copies:
+        c.check_invariants()
