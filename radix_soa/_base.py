@@ -15,7 +15,7 @@ import os
 import threading
 
 from . import _persist
-from ._results import ReadOnlyTreeError
+from ._results import ReadOnlyTreeError, TreeFormatError
 
 
 class TreeCache:
@@ -94,12 +94,22 @@ class TreeCache:
         index ranges are always checked, so corruption cannot crash a kernel).
         """
         path = os.fspath(path)
-        header = _persist.read_header(path, cls)
-        arrays = _persist.load_arrays(path, header, mmap)
-        obj = cls.__new__(cls)
-        obj._init_lock()
-        obj._s = _persist.build_storage(path, header, arrays, mmap)
-        obj._restore_state(header.get("state") or {})
+        try:
+            header = _persist.read_header(path, cls)
+            arrays = _persist.load_arrays(path, header, mmap)
+            obj = cls.__new__(cls)
+            obj._init_lock()
+            obj._s = _persist.build_storage(path, header, arrays, mmap)
+            obj._restore_state(header.get("state") or {})
+        except (FileNotFoundError, MemoryError, KeyboardInterrupt):
+            raise
+        except TreeFormatError as exc:
+            message = str(exc)
+            raise TreeFormatError(message if message.startswith(path) else f"{path}: {message}") \
+                from None
+        except Exception as exc:  # whatever else a damaged file provokes
+            raise TreeFormatError(f"{path}: not a readable tree ({type(exc).__name__}: {exc})") \
+                from None
         return obj
 
     def __getstate__(self):

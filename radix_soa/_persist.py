@@ -10,7 +10,12 @@ Layout of a saved tree::
       start.npy ...   used part of every other array
 
 ``save`` writes into a temporary sibling directory and renames it into
-place, so a crash never leaves a half-written tree under the target name.
+place, so a crash never leaves a half-written tree under the target name. It
+refuses a target that exists and is not a saved tree (an empty directory
+aside), restores the old tree if replacing it fails, and clears what earlier
+crashed saves left beside the target (first putting back a tree a crash left
+moved aside). The header carries its own CRC-32; ``load`` checks it, every
+array's, and the structure the kernels rely on.
 """
 
 import json
@@ -32,6 +37,7 @@ VERSION = 2
 # version 1 kept 16 counter slots (the statistics lived in the header state)
 READABLE_VERSIONS = {1: 16, 2: META_SIZE}
 HEADER = "header.json"
+_ARRAY_NAMES = {"tokens", "values", "term", "table", "meta"} | set(NODE_FIELDS) | set(TRACK_FIELDS)
 # arrays too large to checksum on a memory-mapped load (it must stay instant)
 _BULK = ("tokens", "values")
 
@@ -71,11 +77,65 @@ def state_of(obj):
     return header, arrays
 
 
+def _header_crc(header):
+    body = {k: v for k, v in header.items() if k != "header_crc32"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode()) & 0xFFFFFFFF
+
+
+def is_saved_tree(path):
+    """True if ``path`` is a directory holding a radix_soa header."""
+    try:
+        with open(os.path.join(path, HEADER)) as f:
+            header = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == FORMAT
+
+
+def _leftovers(parent, base):
+    """Directories earlier saves of ``base`` left in ``parent``: (tmp, old)."""
+    tmp, old = [], []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return tmp, old
+    for name in names:
+        full = os.path.join(parent, name)
+        if name.startswith(f".{base}.tmp-") and os.path.isdir(full):
+            tmp.append(full)
+        elif name.startswith(f".{base}.old-") and os.path.isdir(full):
+            old.append(full)
+    return tmp, old
+
+
+def _recover(path, parent, base):
+    """Put back a tree a crashed replace left moved aside, then clear the
+    leftovers of earlier saves."""
+    tmp, old = _leftovers(parent, base)
+    for d in old:
+        moved = os.path.join(d, "tree")
+        if not os.path.lexists(path) and is_saved_tree(moved):
+            os.rename(moved, path)
+    for d in tmp + old:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def save(obj, path):
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path) or "."
+    base = os.path.basename(path)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot save to {path}: no directory {parent}")
+    _recover(path, parent, base)
+    replacing = os.path.lexists(path)
+    if replacing and not (os.path.isdir(path) and not os.path.islink(path)
+                          and (is_saved_tree(path) or not os.listdir(path))):
+        raise FileExistsError(f"{path} exists and is not a saved radix_soa tree; "
+                              "refusing to replace it")
     header, arrays = state_of(obj)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    header["header_crc32"] = _header_crc(header)
+    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    old = None
     try:
         for name, arr in arrays.items():
             np.save(os.path.join(tmp, name + ".npy"), np.ascontiguousarray(arr))
@@ -83,16 +143,19 @@ def save(obj, path):
             json.dump(header, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+        if replacing:
+            old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
             os.rename(path, os.path.join(old, "tree"))
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        os.rename(tmp, path)
     except BaseException:
+        if old is not None and not os.path.lexists(path):  # put the old tree back
+            os.rename(os.path.join(old, "tree"), path)
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fail(path, message):
@@ -114,6 +177,8 @@ def read_header(path, cls):
         _fail(path, "not a saved radix_soa tree (foreign header)")
     if header.get("version") not in READABLE_VERSIONS:
         _fail(path, f"format version {header.get('version')!r} is not supported (this is {VERSION})")
+    if header["version"] >= 2 and header.get("header_crc32") != _header_crc(header):
+        _fail(path, f"{HEADER} is corrupted (checksum mismatch)")
     if header.get("class") != cls.__name__:
         _fail(path, f"holds a {header.get('class')}, not a {cls.__name__}")
     try:
@@ -122,6 +187,22 @@ def read_header(path, cls):
         _fail(path, f"unsupported token dtype {header.get('dtype')!r}")
     if dt not in SUPPORTED_DTYPES:
         _fail(path, f"unsupported token dtype {dt}")
+    tracked = cls.__name__ == "PrefixCache"
+    flags = {"track": tracked, "values": None, "page_size": None, "root": None}
+    for key in flags:
+        if key not in header:
+            _fail(path, f"{HEADER} has no {key!r}")
+    if header["track"] is not tracked or type(header["values"]) is not bool or (
+            not tracked and header["values"]):
+        _fail(path, f"{HEADER}: flags track={header['track']!r} values={header['values']!r} "
+                    f"do not fit a {cls.__name__}")
+    page = header["page_size"]
+    if type(page) is not int or page < 1 or (not tracked and page != 1):
+        _fail(path, f"{HEADER}: page_size {page!r} is not valid for a {cls.__name__}")
+    if type(header["root"]) is not int:
+        _fail(path, f"{HEADER}: root {header['root']!r} is not a node id")
+    if not isinstance(header.get("state", {}), dict):
+        _fail(path, f"{HEADER}: state is not an object")
     return header
 
 
@@ -131,13 +212,17 @@ def load_arrays(path, header, mmap):
     if not isinstance(specs, dict):
         _fail(path, "header lists no arrays")
     for name, spec in specs.items():
+        if name not in _ARRAY_NAMES or not isinstance(spec, dict):
+            _fail(path, f"{HEADER} lists an unknown array {name!r}")
         fpath = os.path.join(path, name + ".npy")
         try:
             arr = np.load(fpath, mmap_mode="r" if mmap else None, allow_pickle=False)
         except FileNotFoundError:
             _fail(path, f"missing {name}.npy")
-        except (ValueError, OSError, EOFError) as exc:
-            _fail(path, f"{name}.npy is truncated or corrupted ({exc})")
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # numpy raises many kinds for a damaged .npy header
+            _fail(path, f"{name}.npy is truncated or corrupted ({type(exc).__name__}: {exc})")
         if arr.ndim != 1 or arr.dtype.name != spec.get("dtype") or arr.shape[0] != spec.get("length"):
             _fail(path, f"{name}.npy holds {arr.dtype}[{arr.shape}], the header says "
                         f"{spec.get('dtype')}[{spec.get('length')}]")
@@ -207,25 +292,69 @@ def _padded(arr, cap):
 
 
 def _check_ranges(path, s):
-    """Every index the kernels follow stays inside its array, so even a
-    tree corrupted past its checksums cannot make a kernel read out of
-    bounds."""
+    """Everything the kernels follow or trust, checked in O(nodes)
+    vectorised NumPy, so a tree damaged past its checksums cannot make a
+    kernel read out of bounds, write past a buffer or loop forever."""
+    def need(cond, what):
+        if not cond:
+            _fail(path, f"corrupted: {what}")
+
+    t = s.tree
     tok, end = s.count("tok_used"), s.node_end
-    length = s.length[:end]
-    start = s.start[:end]
-    parent = s.parent[:end]
-    live = length > 0
-    ok = (np.all(length >= -1)
-          and np.all((start[live] >= 0) & (start[live] + length[live] <= tok))
-          and np.all((parent >= -2) & (parent < end))
-          and np.all(parent[live] >= 0)
-          and s.term.shape[0] >= (end + 7) // 8)
-    table = s.table
-    ok = ok and bool(np.all((table >= -1) & (table < end)))
-    ok = ok and 0 <= s.count("nodes") <= table.shape[0] and 0 <= s.root < end
+    need(0 <= tok <= t.tokens.shape[0] and 0 <= end <= t.start.shape[0],
+         "the high-water marks lie outside the arrays")
+    length = t.length[:end].astype(np.int64)
+    start = t.start[:end]
+    parent = t.parent[:end].astype(np.int64)
+    free = length == -1
+    root = (parent == -1) & (length == 0)
+    live = ~free & ~root
+    need(bool(np.all(free | root | ((length > 0) & (parent >= 0) & (parent < end)))),
+         "a node is neither free, a root, nor a span with a parent")
+    need(bool(np.all(parent[free] == -2)), "a free node has a parent")
+    need(bool(np.all((start[live] >= 0) & (start[live] + length[live] <= tok))),
+         "a span points outside the token buffer")
+    need(bool(np.all(~free[parent[live]])), "a live node hangs off a free node")
+    need(t.term.shape[0] >= (end + 7) // 8, "the terminal bitmap is too short")
+    # the free list: a chain through exactly the free ids, ending at -1
+    head, count = s.count("free_head"), s.count("free_count")
+    nfree = int(free.sum())
+    need(count == nfree and (head == -1 if nfree == 0 else 0 <= head < end and free[head]),
+         "the free list's head or count disagrees with the free nodes")
+    if nfree:
+        nxt = np.where(free, start, -1)
+        links = nxt[free]
+        need(bool(np.all((links == -1) | ((links >= 0) & (links < end)))),
+             "a free-list link points outside the node ids")
+        need(bool(np.all(free[links[links >= 0]])), "a free-list link points at a live node")
+        need(int((links == -1).sum()) == 1 and len(np.unique(links[links >= 0])) == nfree - 1,
+             "the free list is not one chain")
+        hop = np.concatenate([nxt, [-1]])  # -1 indexes the sink
+        reach = hop.copy()
+        for _ in range(max(1, end.bit_length() + 1)):
+            reach = hop[reach]
+            hop = reach
+        need(bool(np.all(reach[:end][free] == -1)), "the free list has a cycle")
+    # counters the kernels trust
+    need(s.count("nodes") == int(live.sum()), "the node count disagrees with the nodes")
+    need(s.count("tokens") == int(length[live].sum()), "the token count disagrees with the spans")
+    need(s.count("dead_tokens") == tok - int(length[live].sum()),
+         "the dead-token count disagrees with the spans")
+    need(s.count("roots") == int(root.sum()), "the root count disagrees with the roots")
+    need(0 <= s.root < end and bool(root[s.root]), "the default root is not a root")
+    table = t.table
+    need(bool(np.all((table >= -1) & (table < end))), "a table entry is not a node id")
+    need(int((table >= 0).sum()) == int(live.sum()), "the child table does not hold every node once")
+    need(bool(np.any(table == -1)), "the child table has no empty slot")
     if s.track:
         hsize = s.count("heap_size")
-        ok = ok and 0 <= hsize <= end and bool(np.all((s.heap[:hsize] >= 0) & (s.heap[:hsize] < end)))
-        ok = ok and bool(np.all(s.hpos[:end] < max(hsize, 1)))
-    if not ok:
-        _fail(path, "corrupted: an index points outside its array")
+        need(0 <= hsize <= end, "the heap size lies outside the node ids")
+        heap = t.heap[:hsize].astype(np.int64)
+        need(bool(np.all((heap >= 0) & (heap < end))) and len(np.unique(heap)) == hsize
+             and bool(np.all(live[heap])), "a heap entry is not a distinct live node")
+        hpos = t.hpos[:end]
+        need(bool(np.all((hpos >= -1) & (hpos < max(hsize, 1)))), "a heap position is out of range")
+        need(bool(np.all(t.lock[:end] >= 0)) and bool(np.all(t.own[:end] >= 0)),
+             "a lock count is negative")
+        locked = int(length[live & (t.lock[:end] > 0)].sum())
+        need(s.count("locked_tokens") == locked, "the locked-token count disagrees with the locks")

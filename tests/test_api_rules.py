@@ -72,6 +72,14 @@ def test_memory_report_counts_are_data():
                       "child_table_whole": True, "python_object_overhead": False}
 
 
+def write_header(path, header):
+    """Write an edited header with its checksum recomputed (an edit the
+    checksum cannot see)."""
+    from radix_soa._persist import _header_crc
+    header["header_crc32"] = _header_crc(header)
+    (path / "header.json").write_text(json.dumps(header))
+
+
 def _as_version_1(path):
     """Rewrite a saved PrefixCache the way format version 1 stored it: 16
     counter slots, statistics and roots in the header, roots' start 0."""
@@ -93,6 +101,7 @@ def _as_version_1(path):
         header["arrays"][name] = {"dtype": arr.dtype.name, "length": int(arr.shape[0]),
                                   "crc32": _crc(arr)}
     header["version"] = 1
+    header.pop("header_crc32")
     (path / "header.json").write_text(json.dumps(header))
 
 
@@ -125,7 +134,7 @@ def test_a_header_naming_too_few_namespaces_is_refused(tmp_path):
     pc.save(tmp_path / "t")
     header = json.loads((tmp_path / "t" / "header.json").read_text())
     header["state"]["namespaces"] = [0]
-    (tmp_path / "t" / "header.json").write_text(json.dumps(header))
+    write_header(tmp_path / "t", header)
     with pytest.raises(rs.TreeFormatError, match="namespace"):
         PrefixCache.load(tmp_path / "t")
 
@@ -160,6 +169,6 @@ def test_header_state_is_checked_against_the_arrays(tmp_path, field, value):
     pc.save(tmp_path / "t")
     header = json.loads((tmp_path / "t" / "header.json").read_text())
     header["state"][field] = value
-    (tmp_path / "t" / "header.json").write_text(json.dumps(header))
+    write_header(tmp_path / "t", header)
     with pytest.raises(rs.TreeFormatError):
         PrefixCache.load(tmp_path / "t")
