@@ -16,7 +16,7 @@ array baselines.
 
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        ReadOnlyTreeError, TreeFormatError)
-from .batch import Batch, pack
+from .batch import Batch, csr, pack
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
 from .studies import schedule, traces, workloads
@@ -25,7 +25,7 @@ from .studies.footprint import FootprintTable, compare_footprint
 from .baselines.replay_reference import replay_reference
 from ._warmup import warmup
 
-__all__ = ["RadixCache", "PrefixCache", "Batch", "pack", "CacheFullError", "InsertResult",
+__all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
            "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
            "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
            "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]

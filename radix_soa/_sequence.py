@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._validate import MAX_SEQUENCE_TOKENS
+
 _INT64 = np.dtype(np.int64)
 _I64_MAX = np.iinfo(np.int64).max
 
@@ -28,13 +30,17 @@ def as_tokens(seq):
     >>> as_tokens([1, 2, 3])
     array([1, 2, 3])
     """
-    if isinstance(seq, np.ndarray):
+    if type(seq) is np.ndarray:
         if seq.dtype == _INT64 and seq.ndim == 1 and seq.flags.c_contiguous:
             return seq
         return _array_tokens(seq)
-    if isinstance(seq, (list, tuple, range)):
+    if isinstance(seq, (list, tuple)):
         return _list_tokens(seq)
-    if isinstance(seq, (str, bytes, bytearray)):
+    if isinstance(seq, range):
+        return _range_tokens(seq)
+    if isinstance(seq, np.ma.MaskedArray):
+        raise TypeError("a masked array is not a token sequence; fill or compress it first")
+    if isinstance(seq, (str, bytes, bytearray, memoryview)):
         raise _container_error(seq)
     if hasattr(seq, "__array__") or hasattr(seq, "__array_interface__"):
         return _array_tokens(np.asarray(seq))
@@ -68,6 +74,9 @@ def _container_error(seq):
 def _array_tokens(arr):
     if arr.ndim != 1:
         raise ValueError(f"a sequence must be 1-D; got an array of shape {arr.shape}")
+    if arr.shape[0] > MAX_SEQUENCE_TOKENS:  # before a conversion could copy it
+        raise OverflowError(f"a sequence of {arr.shape[0]} tokens is longer than the "
+                            f"{MAX_SEQUENCE_TOKENS} a tree can hold")
     kind = arr.dtype.kind
     if kind == "i":
         return np.ascontiguousarray(arr, dtype=_INT64)
@@ -79,6 +88,23 @@ def _array_tokens(arr):
     if kind == "O":
         return _list_tokens(arr.tolist())
     raise TypeError(f"a sequence must hold integers; got an array of dtype {arr.dtype}")
+
+
+def _range_tokens(r):
+    """A range in O(1) checks: its length and both ends must fit."""
+    try:
+        n = len(r)
+    except OverflowError:
+        n = MAX_SEQUENCE_TOKENS + 1
+    if n > MAX_SEQUENCE_TOKENS:
+        raise OverflowError(f"a range of more than {MAX_SEQUENCE_TOKENS} tokens is not a "
+                            "sequence a tree can hold")
+    if n and not (-_I64_MAX - 1 <= min(r[0], r[-1]) and max(r[0], r[-1]) <= _I64_MAX):
+        raise OverflowError(f"token {r[0] if abs(r[0]) > _I64_MAX else r[-1]} does not fit in a "
+                            "signed 64-bit integer")
+    if n == 0:
+        return np.empty(0, _INT64)
+    return np.arange(r[0], r[-1] + (1 if r.step > 0 else -1), r.step, dtype=_INT64)[:n]
 
 
 @functools.lru_cache(maxsize=8192)

@@ -26,6 +26,7 @@ from ._kernels import table as KT
 from ._kernels import walks as KW
 from ._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, Tree
 from ._results import InvariantError
+from ._validate import MAX_NODES
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
@@ -211,8 +212,12 @@ class TreeStorage:
                 changes["values"] = _copied(tree.values, cap, used)
         end = int(meta[L.M_NODE_END])
         need_n = end + max(0, nodes - int(meta[L.M_FREE_COUNT]))
+        if need_n > MAX_NODES:
+            raise OverflowError(f"a tree holds at most {MAX_NODES} nodes (int32 ids); this call "
+                                f"needs {need_n}")
         if need_n > tree.start.shape[0]:
-            changes.update(self._node_arrays(tree, max(2 * tree.start.shape[0], need_n), end))
+            cap = min(MAX_NODES, max(2 * tree.start.shape[0], need_n))
+            changes.update(self._node_arrays(tree, cap, end))
         need_slots = int(meta[L.M_NODES]) + nodes
         if not KT.table_fits(need_slots, tree.table.shape[0]):
             changes["table"] = self._built_table(tree._replace(**changes),

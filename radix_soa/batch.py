@@ -30,7 +30,11 @@ class Batch:
     ``flat`` is a 1-D int64 array (int32 is kept as is, so an Arrow or
     Hugging Face int32 column is read without a copy; other integer dtypes
     are converted); ``offsets`` is 1-D int64 of length n + 1, starting at 0,
-    non-decreasing and ending at ``len(flat)``. Both are validated here.
+    non-decreasing and ending at ``len(flat)``. Both are validated here, and
+    the batch keeps read-only views: ``offsets`` is copied (n + 1 integers),
+    so changing the caller's array later cannot make a kernel read out of
+    bounds; ``flat`` is a view (changing its values changes only what is
+    looked up).
 
     >>> b = Batch(np.array([7, 8, 9]), np.array([0, 2, 3]))
     >>> [s.tolist() for s in b]
@@ -44,8 +48,10 @@ class Batch:
     __slots__ = ("flat", "offsets")
 
     def __init__(self, flat, offsets):
-        self.flat = _flat_array(flat)
-        self.offsets = _offsets_array(offsets, self.flat.shape[0])
+        flat = _flat_array(flat).view()
+        flat.flags.writeable = False
+        self.flat = flat
+        self.offsets = _offsets_array(offsets, flat.shape[0])
 
     def __len__(self):
         return self.offsets.shape[0] - 1
@@ -111,7 +117,8 @@ def _offsets_array(offsets, n_flat):
         raise ValueError(f"offsets must be 1-D with at least one entry; got shape {off.shape}")
     if off.dtype.kind not in "iu":
         raise TypeError(f"offsets must be integers; got dtype {off.dtype}")
-    off = np.ascontiguousarray(off, dtype=_INT64)
+    off = np.array(off, dtype=_INT64, order="C", copy=True)  # ours: the caller cannot move it
+    off.flags.writeable = False
     if off[0] != 0:
         raise ValueError(f"offsets must start at 0; got {int(off[0])}")
     if off[-1] != n_flat:
@@ -127,7 +134,10 @@ def pack(seqs):
 
     ``seqs`` may be a list or tuple of lists / tuples / ranges / 1-D integer
     arrays (mixed freely), a 2-D integer array (one sequence per row) or
-    a ``Batch`` (returned as is). Errors name the offending sequence.
+    a ``Batch`` (returned as is). One rule everywhere: a 2-tuple of NumPy
+    arrays is a CSR pair ``(flat, offsets)`` (``csr(flat, offsets)`` says so
+    explicitly); pass two sequences as a list. Errors name the offending
+    sequence.
 
     >>> pack([np.array([1, 2]), [3]]).offsets.tolist()
     [0, 2, 3]
@@ -138,6 +148,8 @@ def pack(seqs):
     """
     if isinstance(seqs, Batch):
         return seqs
+    if _is_csr_pair(seqs):
+        return csr(*seqs)
     if isinstance(seqs, np.ndarray):
         if seqs.ndim != 2:
             raise ValueError("pack takes a sequence of sequences or a 2-D array; got a "
@@ -161,6 +173,29 @@ def pack(seqs):
     offsets = np.zeros(len(items) + 1, _INT64)
     np.cumsum(lengths, out=offsets[1:])
     return Batch(flat, offsets)
+
+
+def csr(flat, offsets):
+    """The CSR pair ``(flat, offsets)`` as a ``Batch``; a 2-tuple of arrays
+    means the same wherever a batch is taken.
+
+    >>> csr(np.array([5, 6, 7]), np.array([0, 3])).lengths.tolist()
+    [3]
+    >>> csr(np.array([5, 6, 7]), np.array([0, 5]))
+    Traceback (most recent call last):
+    ...
+    ValueError: offsets must end at len(flat) = 3; got 5 (a 2-tuple of NumPy arrays is read as (flat, offsets); pass several sequences as a list)
+    """
+    try:
+        return Batch(flat, offsets)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (a 2-tuple of NumPy arrays is read as (flat, offsets); pass "
+                        "several sequences as a list)") from None
+
+
+def _is_csr_pair(obj):
+    return (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], np.ndarray)
+            and isinstance(obj[1], np.ndarray))
 
 
 def _pack_python(items):
@@ -226,9 +261,8 @@ def as_batches(obj):
     as_batch = getattr(type(obj), "__radix_batch__", None)
     if as_batch is not None:  # e.g. radix_soa.studies.traces.Trace
         return [as_batch(obj)]
-    if (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], np.ndarray)
-            and isinstance(obj[1], np.ndarray)):
-        return [Batch(obj[0], obj[1])]
+    if _is_csr_pair(obj):
+        return [csr(*obj)]
     if type(obj).__module__.startswith("pyarrow"):
         return [Batch(flat, offsets) for flat, offsets in arrow_csr(obj)]
     return [pack(obj)]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validate import check_int
+from ._validate import MAX_COUNT, MAX_PAGE, check_int
 from .radix_cache import RadixCache
 from .studies import traces, workloads
 from .studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD, capacity_study,
@@ -107,15 +107,17 @@ def _build(args):
 # study: inputs
 # ----------------------------------------------------------------------------
 
-def _int_arg(text, minimum):
+def _int_arg(text, minimum, maximum=MAX_COUNT):
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
     try:
-        return check_int("the value", v, minimum=minimum)
+        return check_int("the value", v, minimum=minimum, maximum=maximum)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}") from None
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"must be <= {maximum}") from None
 
 
 def _nonneg_int(text):
@@ -124,6 +126,14 @@ def _nonneg_int(text):
 
 def _pos_int(text):
     return _int_arg(text, 1)
+
+
+def _bounded(maximum):
+    """A positive-int argument type with an upper limit."""
+    def parse(text):
+        return _int_arg(text, 1, maximum)
+    parse.__name__ = "int"
+    return parse
 
 
 def _capacity_list(text):
@@ -141,7 +151,7 @@ def _capacity_list(text):
                 f"e.g. --capacities 1000,5000,20000)") from None
         try:
             caps.append(check_int("capacity", v, minimum=0))
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return sorted(set(caps))
 
@@ -431,7 +441,7 @@ def build_parser():
     src = s.add_argument_group("traffic (a built-in workload, or --trace with --format)")
     src.add_argument("--workload", choices=list(workloads.GENERATORS),
                      help=f"built-in seeded workload (default {DEFAULT_WORKLOAD})")
-    src.add_argument("--requests", type=_pos_int, metavar="N",
+    src.add_argument("--requests", type=_bounded(10_000_000), metavar="N",
                      help=f"requests of the built-in workload (default {DEFAULT_REQUESTS})")
     src.add_argument("--seed", type=_nonneg_int, metavar="S",
                      help="seed of the built-in workload (default 0)")
@@ -443,14 +453,14 @@ def build_parser():
     ex = cap.add_mutually_exclusive_group()
     ex.add_argument("--capacities", type=_capacity_list, metavar="C1,C2,...",
                     help="explicit capacities, in ids (blocks for block traces)")
-    ex.add_argument("--points", type=_pos_int, default=DEFAULT_POINTS, metavar="K",
+    ex.add_argument("--points", type=_bounded(10_000), default=DEFAULT_POINTS, metavar="K",
                     help=f"number of capacities (default {DEFAULT_POINTS})")
     rp = s.add_argument_group("replay")
     rp.add_argument("--schedule", choices=["fcfs", "lpm", "dfs"], default="fcfs",
                     help="request order (default fcfs)")
     rp.add_argument("--window", type=_pos_int, default=64, metavar="W",
                     help="scheduling window for lpm/dfs (default 64)")
-    rp.add_argument("--page-size", type=_pos_int, default=1, metavar="P",
+    rp.add_argument("--page-size", type=_bounded(MAX_PAGE), default=1, metavar="P",
                     help="ids per page; hits count whole pages (default 1)")
     rp.add_argument("--host-capacity", type=_nonneg_int, metavar="H",
                     help="add a host tier of H ids that catches device evictions")
@@ -465,10 +475,13 @@ def build_parser():
 
     b = sub.add_parser("build", help="build a tree from a built-in workload and report it "
                                      "(the default)")
-    b.add_argument("--sequences", type=int, default=20_000, help="number of sequences (default 20000)")
-    b.add_argument("--prompts", type=int, default=50, help="distinct system prompts (default 50)")
-    b.add_argument("--prompt-len", type=int, default=800, help="system prompt tokens (default 800)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--sequences", type=_bounded(10_000_000), default=20_000,
+                   help="number of sequences (default 20000)")
+    b.add_argument("--prompts", type=_bounded(1_000_000), default=50,
+                   help="distinct system prompts (default 50)")
+    b.add_argument("--prompt-len", type=_bounded(1_000_000), default=800,
+                   help="system prompt tokens (default 800)")
+    b.add_argument("--seed", type=_nonneg_int, default=0)
     b.add_argument("--dtype", default="int64", choices=["int64", "int32", "uint16"])
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_build)
@@ -477,6 +490,8 @@ def build_parser():
 
 def _fail(message):
     message = " ".join(str(message).split())  # one line
+    if len(message) > 400:
+        message = message[:400] + " ..."
     sys.stderr.write(f"{PROG}: error: {message}\n")
     return 2
 
@@ -506,11 +521,16 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stderr.write(f"\n{PROG}: interrupted\n")
         return 130
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, OverflowError, RecursionError, MemoryError) as e:
         # bad input: TraceFormatError (a ValueError), missing files, values
-        # the library rejects, unwritable plot paths
+        # the library rejects or that overflow, input too large for memory,
+        # unwritable plot paths
         if isinstance(e, OSError) and e.filename is not None and e.strerror:
             e = f"{e.strerror}: {e.filename}"
+        elif isinstance(e, MemoryError):
+            e = "the input is too large for this machine's memory"
+        elif isinstance(e, RecursionError):
+            e = "the input is nested too deeply"
         return _fail(e)
 
 

@@ -20,7 +20,7 @@ from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
-from ._validate import check_int
+from ._validate import MAX_PAGE, check_int, check_length
 from .batch import as_batches, map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
@@ -64,7 +64,7 @@ class PrefixCache(TreeCache):
     """
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64):
-        page_size = check_int("page_size", page_size, minimum=1)
+        page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
@@ -171,6 +171,8 @@ class PrefixCache(TreeCache):
     def _resolve(self, handle):
         """Node id of a live handle, else ``ValueError``."""
         try:
+            if isinstance(handle, bool):
+                raise TypeError
             h = operator.index(handle)
         except TypeError:
             raise TypeError(f"a node handle is an int; got {type(handle).__name__}") from None
@@ -276,6 +278,7 @@ class PrefixCache(TreeCache):
         q = as_tokens(tokens)
         s = self._s
         check_fits(q, s.dtype)
+        check_length(q.shape[0])
         vals = self._check_values(values, q.shape[0])
         n = self._aligned(q.shape[0])
         cap = -1 if self._capacity is None else self._capacity
@@ -330,7 +333,7 @@ class PrefixCache(TreeCache):
         s = self._s
         with self._lock:
             v = self._resolve(node)
-            if s.parent[v] < 0:
+            if s.parent[v] < 0:  # a root: lock(root) is a no-op, so is this (as in SGLang)
                 return
             if s.own[v] <= 0:
                 raise ValueError(f"node handle {node} holds no lock of its own"

@@ -10,6 +10,7 @@ from ._kernels import walks as KW
 from ._kernels.layout import ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
+from ._validate import check_length
 from .batch import as_batches, map_batches, use_parallel
 
 
@@ -112,6 +113,7 @@ class RadixCache(TreeCache):
         n = q.shape[0]
         if n == 0:
             raise ValueError("cannot insert an empty sequence")
+        check_length(n)
         s = self._s
         check_fits(q, s.dtype)
         with self._lock:
@@ -155,6 +157,8 @@ class RadixCache(TreeCache):
                 raise ValueError(f"cannot insert an empty sequence (sequence "
                                  f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
             check_fits(b.flat, self._s.dtype)
+            if len(b):
+                check_length(int(lengths.max()), "a sequence of the batch")
         with self._lock:
             return map_batches(batches, np.bool_, self._insert_csr)
 

@@ -166,14 +166,15 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     if schedule == "dfs":
         KR.dfs_order(flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window,
                      order)
-    win = np.full(window, -1, np.int64)
+    slots = min(window, n)  # a window wider than the trace is the whole trace
+    win = np.full(slots, -1, np.int64)
     params = np.zeros(KR.PARAMS_SIZE, np.int64)
     params[KR.P_PAGE] = page
     params[KR.P_CAPACITY] = cap
     params[KR.P_HOST_CAPACITY] = hcap
     params[KR.P_HOST] = int(has_host)
     params[KR.P_POLICY] = SCHEDULES[schedule]
-    params[KR.P_WINDOW] = window
+    params[KR.P_WINDOW] = slots
     params[KR.P_MAX_LEN] = max_len
     state = np.zeros(KR.STATE_SIZE, np.int64)
     hits = np.zeros(n, np.int64)
@@ -270,7 +271,9 @@ def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):
     caps = list(capacities)
     if not caps:
         raise ValueError("capacities is empty")
-    threads = threads or min(len(caps), os.cpu_count() or 1)
+    if threads is None:
+        threads = min(len(caps), os.cpu_count() or 1)
+    threads = check_int("threads", threads, minimum=1, maximum=1024)
     done = [0]
 
     def one(cap):

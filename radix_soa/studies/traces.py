@@ -354,6 +354,9 @@ def _iter_jsonl(path):
                 raise TraceFormatError(
                     path, f"invalid JSON: {msg}" + (f" (column {col})" if col else ""),
                     line=lineno) from None
+            except RecursionError:
+                raise TraceFormatError(path, "invalid JSON: nested too deeply",
+                                       line=lineno) from None
             yield lineno, obj
     if not any_line:
         raise TraceFormatError(path, "empty file (no requests)")
@@ -525,6 +528,8 @@ def _kv_load_file(path):
                                line=e.lineno) from None
     except UnicodeDecodeError as e:
         raise TraceFormatError(path, f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise TraceFormatError(path, "invalid JSON: nested too deeply") from None
     if type(doc) is not dict:
         raise TraceFormatError(path, f"expected a JSON object at top level, got "
                                      f"{type(doc).__name__}", line=1)
