@@ -2,7 +2,6 @@
 mixed prefix-cache traffic, saving beside inserts. Run with a tiny switch
 interval so threads interleave between almost every bytecode."""
 
-import os
 import sys
 import threading
 
@@ -159,7 +158,6 @@ def test_saving_beside_inserts_writes_a_whole_tree(tmp_path):
     assert RadixCache.load(final).exists_batch(seqs).all()
 
 
-@pytest.mark.skipif(os.environ.get("NUMBA_BOUNDSCHECK") == "1", reason="covered by the tests above")
 def test_pickling_beside_writers():
     import pickle
 
