@@ -20,7 +20,7 @@ from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
-from ._validate import MAX_PAGE, check_int, check_length
+from ._validate import MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length
 from .batch import as_batches, map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
@@ -278,7 +278,8 @@ class PrefixCache(TreeCache):
         q = as_tokens(tokens)
         s = self._s
         check_fits(q, s.dtype)
-        check_length(q.shape[0])
+        if q.shape[0] > MAX_SEQUENCE_TOKENS:
+            check_length(q.shape[0])  # raises
         vals = self._check_values(values, q.shape[0])
         n = self._aligned(q.shape[0])
         cap = -1 if self._capacity is None else self._capacity

@@ -10,7 +10,7 @@ from ._kernels import walks as KW
 from ._kernels.layout import ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
-from ._validate import check_length
+from ._validate import MAX_SEQUENCE_TOKENS, check_length
 from .batch import as_batches, map_batches, use_parallel
 
 
@@ -113,7 +113,8 @@ class RadixCache(TreeCache):
         n = q.shape[0]
         if n == 0:
             raise ValueError("cannot insert an empty sequence")
-        check_length(n)
+        if n > MAX_SEQUENCE_TOKENS:
+            check_length(n)  # raises
         s = self._s
         check_fits(q, s.dtype)
         with self._lock:
