@@ -8,6 +8,7 @@ and namespaces.
 """
 
 import operator
+import secrets
 
 import numpy as np
 
@@ -69,6 +70,9 @@ class PrefixCache(TreeCache):
             capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
         self._page = page_size
+        # mixed into every handle's generation, so a handle of another cache
+        # is refused even when its node id and generation happen to match
+        self._salt = secrets.randbits(32)
         self._init_lock()
         self._s = TreeStorage(dtype, values=values, track=True, page_size=page_size)
         self._ns_keys = [0]       # namespace number -> key, in order of first use
@@ -176,7 +180,7 @@ class PrefixCache(TreeCache):
             h = operator.index(handle)
         except TypeError:
             raise TypeError(f"a node handle is an int; got {type(handle).__name__}") from None
-        v, gen = h & _ID_MASK, h >> _GEN_SHIFT
+        v, gen = h & _ID_MASK, (h >> _GEN_SHIFT) ^ self._salt
         s = self._s
         if h < 0 or v >= s.node_end or s.length[v] < 0 or int(s.gen[v]) != gen:
             raise ValueError(f"node handle {handle} does not refer to a live node of this cache")
@@ -207,7 +211,8 @@ class PrefixCache(TreeCache):
                     lambda: KP.pc_match_one(s.T, root, ns, q, self._page, out))
             if root < 0:
                 self._roots_in_sync()
-        return Match(length, (int(gen) << _GEN_SHIFT) | v, out[:length] if s.has_values else None)
+        return Match(length, ((int(gen) ^ self._salt) << _GEN_SHIFT) | v,
+                     out[:length] if s.has_values else None)
 
     def match_length(self, tokens, namespace=0):
         """Length of the longest cached whole-page prefix of ``tokens``, read
@@ -295,7 +300,8 @@ class PrefixCache(TreeCache):
                 raise self._full(n)
             if root < 0:
                 self._roots_in_sync()
-        return InsertResult(cached, (int(gen) << _GEN_SHIFT) | v, self._evicted(freed, out))
+        return InsertResult(cached, ((int(gen) ^ self._salt) << _GEN_SHIFT) | v,
+                            self._evicted(freed, out))
 
     def _full(self, n):
         return CacheFullError(
@@ -357,7 +363,7 @@ class PrefixCache(TreeCache):
     # ------------------------------------------------------------ state
     def _extra_state(self):
         return {"capacity": self._capacity, "page_size": self._page,
-                "namespaces": list(self._ns_keys)}
+                "namespaces": list(self._ns_keys), "handle_salt": self._salt}
 
     def _restore_state(self, state):
         s = self._s
@@ -367,6 +373,10 @@ class PrefixCache(TreeCache):
                                   f"{s.count('tokens')} tokens the tree holds")
         if state.get("page_size", s.page_size) != s.page_size:
             raise TreeFormatError("the saved page size disagrees with the tree's")
+        salt = state.get("handle_salt", 0)  # version 1: plain handles
+        if type(salt) is not int or not 0 <= salt < 2**32:
+            raise TreeFormatError(f"the saved handle salt {salt!r} is not a 32-bit int")
+        self._salt = salt
         self._capacity = capacity
         self._page = s.page_size
         if "namespaces" in state:

@@ -118,3 +118,19 @@ def test_the_command_line_refuses_huge_numbers_in_one_line(argv, capsys):
         assert argv[1] == "--window"
         return
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+
+
+def test_a_handle_of_another_cache_is_refused():
+    a, b = PrefixCache(), PrefixCache()
+    for pc in (a, b):
+        pc.insert([1, 2, 3], values=[1, 2, 3])
+    h = a.match([1, 2, 3]).node
+    assert b._s.tree.gen.tolist() == a._s.tree.gen.tolist()  # same ids and generations
+    with pytest.raises(ValueError, match="live node of this cache"):
+        b.lock(h)
+    a.lock(h)
+    a.unlock(h)
+    import pickle
+    c = pickle.loads(pickle.dumps(a))  # a copy answers the handles of what it copied
+    c.lock(h)
+    c.unlock(h)
