@@ -68,6 +68,75 @@ def check_views(s):
     _require(tree.tokens.dtype == s.dtype, "the token buffer has the tree's dtype")
 
 
+def check_bounds(s):
+    """Everything the kernels follow or trust, in O(nodes) vectorised NumPy:
+    node kinds, spans inside the used buffer, the free list (one chain
+    through exactly the free ids), the counters, the child table's entries
+    and an empty slot, the heap and the lock counts. A loaded tree passes
+    this before any kernel runs, so damage past the checksums cannot make a
+    kernel read out of bounds, write past a buffer or loop forever;
+    ``check_tree`` builds on it."""
+    t = s.tree
+    tok, end = s.count("tok_used"), s.node_end
+    _require(0 <= tok <= t.tokens.shape[0] and 0 <= end <= t.start.shape[0],
+         "the high-water marks lie outside the arrays")
+    length = t.length[:end].astype(np.int64)
+    start = t.start[:end]
+    parent = t.parent[:end].astype(np.int64)
+    free = length == FREE
+    root = (parent == -1) & (length == 0)
+    live = ~free & ~root
+    _require(bool(np.all(free | root | ((length > 0) & (parent >= 0) & (parent < end)))),
+         "a node is neither free, a root, nor a span with a parent")
+    _require(bool(np.all(parent[free] == -2)), "a free node has a parent")
+    _require(bool(np.all((start[live] >= 0) & (start[live] + length[live] <= tok))),
+         "a span points outside the token buffer")
+    _require(bool(np.all(~free[parent[live]])), "a live node hangs off a free node")
+    _require(t.term.shape[0] >= (end + 7) // 8, "the terminal bitmap is too short")
+    # the free list: a chain through exactly the free ids, ending at -1
+    head, count = s.count("free_head"), s.count("free_count")
+    nfree = int(free.sum())
+    _require(count == nfree and (head == -1 if nfree == 0 else 0 <= head < end and free[head]),
+         "the free list's head or count disagrees with the free nodes")
+    if nfree:
+        nxt = np.where(free, start, -1)
+        links = nxt[free]
+        _require(bool(np.all((links == -1) | ((links >= 0) & (links < end)))),
+             "a free-list link points outside the node ids")
+        _require(bool(np.all(free[links[links >= 0]])), "a free-list link points at a live node")
+        _require(int((links == -1).sum()) == 1 and len(np.unique(links[links >= 0])) == nfree - 1,
+             "the free list is not one chain")
+        hop = np.concatenate([nxt, [-1]])  # -1 indexes the sink
+        reach = hop.copy()
+        for _ in range(max(1, end.bit_length() + 1)):
+            reach = hop[reach]
+            hop = reach
+        _require(bool(np.all(reach[:end][free] == -1)), "the free list has a cycle")
+    # counters the kernels trust
+    _require(s.count("nodes") == int(live.sum()), "the node count disagrees with the nodes")
+    _require(s.count("tokens") == int(length[live].sum()), "the token count disagrees with the spans")
+    _require(s.count("dead_tokens") == tok - int(length[live].sum()),
+         "the dead-token count disagrees with the spans")
+    _require(s.count("roots") == int(root.sum()), "the root count disagrees with the roots")
+    _require(0 <= s.root < end and bool(root[s.root]), "the default root is not a root")
+    table = t.table
+    _require(bool(np.all((table >= -1) & (table < end))), "a table entry is not a node id")
+    _require(int((table >= 0).sum()) == int(live.sum()), "the child table does not hold every node once")
+    _require(bool(np.any(table == -1)), "the child table has no empty slot")
+    if s.track:
+        hsize = s.count("heap_size")
+        _require(0 <= hsize <= end, "the heap size lies outside the node ids")
+        heap = t.heap[:hsize].astype(np.int64)
+        _require(bool(np.all((heap >= 0) & (heap < end))) and len(np.unique(heap)) == hsize
+             and bool(np.all(live[heap])), "a heap entry is not a distinct live node")
+        hpos = t.hpos[:end]
+        _require(bool(np.all((hpos >= -1) & (hpos < max(hsize, 1)))), "a heap position is out of range")
+        _require(bool(np.all(t.lock[:end] >= 0)) and bool(np.all(t.own[:end] >= 0)),
+             "a lock count is negative")
+        locked = int(length[live & (t.lock[:end] > 0)].sum())
+        _require(s.count("locked_tokens") == locked, "the locked-token count disagrees with the locks")
+
+
 def check_tree(s, full=True, canonical=False):
     check_views(s)
     end = s.node_end
@@ -77,6 +146,9 @@ def check_tree(s, full=True, canonical=False):
     _require(s.count("terminals") >= 0 and s.count("nodes") >= 0, "counters non-negative")
     if not full:
         return
+    # node kinds, the free list, counters, spans inside the buffer, table
+    # entries and the heap's members: as a loaded tree is checked
+    check_bounds(s)
     page = s.page_size
     length = s.length[:end].astype(np.int64)
     parent = s.parent[:end].astype(np.int64)
@@ -84,28 +156,8 @@ def check_tree(s, full=True, canonical=False):
     free = length == FREE
     root = (parent == -1) & (length == 0)
     live = ~free & ~root
-    _require(np.all(free | root | ((length > 0) & (parent >= 0))),
-             "every node is free, a root (no span, no parent) or has a span and a parent")
-    _require(int(root.sum()) == s.count("roots"), "root count matches meta")
-    _require(s.root < end and root[s.root], "the default root is a root")
-
-    # free list covers exactly the free ids
-    seen = np.zeros(end, bool)
-    f = s.count("free_head")
-    count = 0
-    while f != NO_NODE:
-        _require(0 <= f < end and free[f] and not seen[f], "free list links free ids, once each")
-        seen[f] = True
-        f = int(start[f])
-        count += 1
-    _require(count == int(free.sum()) == s.count("free_count"), "free list holds every free id")
-
     ids = np.flatnonzero(live)
     par = parent[ids]
-    _require(np.all(par < end), "parents are node ids")
-    _require(np.all(~free[par]), "no live node hangs off a free node")
-    _require(len(ids) == s.count("nodes"), "live node count matches meta")
-    _require(int(length[ids].sum()) == s.count("tokens"), "token count matches meta")
     if page > 1:
         _require(np.all(length[ids] % page == 0), "spans are whole pages")
 
@@ -122,21 +174,17 @@ def check_tree(s, full=True, canonical=False):
         up = up[up]
     _require(np.all(root[up] | free), "every node reaches a root")
 
-    # spans: inside the used buffer and pairwise disjoint
+    # spans (inside the used buffer: check_bounds) pairwise disjoint
     st = start[ids]
     ln = length[ids]
-    _require(np.all(st >= 0) and np.all(st + ln <= s.count("tok_used")), "spans inside the used buffer")
     order = np.argsort(st, kind="stable")
     st_s, ln_s = st[order], ln[order]
     _require(np.all(st_s[:-1] + ln_s[:-1] <= st_s[1:]), "spans do not overlap")
-    dead = s.count("tok_used") - int(ln.sum())
-    _require(dead == s.count("dead_tokens"), "dead token count matches meta")
 
     # child table: every live non-root node exactly once, reachable by probing
     table = s.table
     filled = table != NO_NODE
     entries = table[filled].astype(np.int64)
-    _require(len(entries) == len(ids), "table holds one entry per live node")
     _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
     pages = _first_pages(s.tokens, start, entries, page)
     homes = (np_key_hash(parent[entries], pages) & _U(table.shape[0] - 1)).astype(np.int64)

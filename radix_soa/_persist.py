@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from ._invariants import check_tree
+from ._invariants import check_bounds, check_tree
 from ._kernels.layout import META_SIZE, NODE_FIELDS, TRACK_FIELDS, Tree
 from ._results import InvariantError, TreeFormatError
 from ._storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
@@ -277,11 +277,11 @@ def build_storage(path, header, arrays, mmap):
     s = TreeStorage.from_tree(Tree(**fields), dtype=dtype, values=has_values, track=track,
                               page_size=int(header.get("page_size", 1)),
                               root=int(header.get("root", 0)), readonly=mmap)
-    _check_ranges(path, s)
-    try:
+    try:  # everything a kernel follows or trusts, before any kernel runs
         check_tree(s, full=False)
+        check_bounds(s)
     except InvariantError as exc:
-        _fail(path, f"inconsistent tree ({exc})")
+        _fail(path, f"corrupted: {exc}")
     return s
 
 
@@ -289,72 +289,3 @@ def _padded(arr, cap):
     out = np.zeros(cap, arr.dtype)
     out[: arr.shape[0]] = arr
     return out
-
-
-def _check_ranges(path, s):
-    """Everything the kernels follow or trust, checked in O(nodes)
-    vectorised NumPy, so a tree damaged past its checksums cannot make a
-    kernel read out of bounds, write past a buffer or loop forever."""
-    def need(cond, what):
-        if not cond:
-            _fail(path, f"corrupted: {what}")
-
-    t = s.tree
-    tok, end = s.count("tok_used"), s.node_end
-    need(0 <= tok <= t.tokens.shape[0] and 0 <= end <= t.start.shape[0],
-         "the high-water marks lie outside the arrays")
-    length = t.length[:end].astype(np.int64)
-    start = t.start[:end]
-    parent = t.parent[:end].astype(np.int64)
-    free = length == -1
-    root = (parent == -1) & (length == 0)
-    live = ~free & ~root
-    need(bool(np.all(free | root | ((length > 0) & (parent >= 0) & (parent < end)))),
-         "a node is neither free, a root, nor a span with a parent")
-    need(bool(np.all(parent[free] == -2)), "a free node has a parent")
-    need(bool(np.all((start[live] >= 0) & (start[live] + length[live] <= tok))),
-         "a span points outside the token buffer")
-    need(bool(np.all(~free[parent[live]])), "a live node hangs off a free node")
-    need(t.term.shape[0] >= (end + 7) // 8, "the terminal bitmap is too short")
-    # the free list: a chain through exactly the free ids, ending at -1
-    head, count = s.count("free_head"), s.count("free_count")
-    nfree = int(free.sum())
-    need(count == nfree and (head == -1 if nfree == 0 else 0 <= head < end and free[head]),
-         "the free list's head or count disagrees with the free nodes")
-    if nfree:
-        nxt = np.where(free, start, -1)
-        links = nxt[free]
-        need(bool(np.all((links == -1) | ((links >= 0) & (links < end)))),
-             "a free-list link points outside the node ids")
-        need(bool(np.all(free[links[links >= 0]])), "a free-list link points at a live node")
-        need(int((links == -1).sum()) == 1 and len(np.unique(links[links >= 0])) == nfree - 1,
-             "the free list is not one chain")
-        hop = np.concatenate([nxt, [-1]])  # -1 indexes the sink
-        reach = hop.copy()
-        for _ in range(max(1, end.bit_length() + 1)):
-            reach = hop[reach]
-            hop = reach
-        need(bool(np.all(reach[:end][free] == -1)), "the free list has a cycle")
-    # counters the kernels trust
-    need(s.count("nodes") == int(live.sum()), "the node count disagrees with the nodes")
-    need(s.count("tokens") == int(length[live].sum()), "the token count disagrees with the spans")
-    need(s.count("dead_tokens") == tok - int(length[live].sum()),
-         "the dead-token count disagrees with the spans")
-    need(s.count("roots") == int(root.sum()), "the root count disagrees with the roots")
-    need(0 <= s.root < end and bool(root[s.root]), "the default root is not a root")
-    table = t.table
-    need(bool(np.all((table >= -1) & (table < end))), "a table entry is not a node id")
-    need(int((table >= 0).sum()) == int(live.sum()), "the child table does not hold every node once")
-    need(bool(np.any(table == -1)), "the child table has no empty slot")
-    if s.track:
-        hsize = s.count("heap_size")
-        need(0 <= hsize <= end, "the heap size lies outside the node ids")
-        heap = t.heap[:hsize].astype(np.int64)
-        need(bool(np.all((heap >= 0) & (heap < end))) and len(np.unique(heap)) == hsize
-             and bool(np.all(live[heap])), "a heap entry is not a distinct live node")
-        hpos = t.hpos[:end]
-        need(bool(np.all((hpos >= -1) & (hpos < max(hsize, 1)))), "a heap position is out of range")
-        need(bool(np.all(t.lock[:end] >= 0)) and bool(np.all(t.own[:end] >= 0)),
-             "a lock count is negative")
-        locked = int(length[live & (t.lock[:end] > 0)].sum())
-        need(s.count("locked_tokens") == locked, "the locked-token count disagrees with the locks")
