@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._kernels.scan import count_zero_one
 from ._validate import MAX_SEQUENCE_TOKENS
 
 _INT64 = np.dtype(np.int64)
@@ -117,16 +118,34 @@ def _list_tokens(seq):
     # np.fromiter), and it rejects non-integers and out-of-range values.
     # The result is read-only (backed by bytes); kernels only read queries.
     try:
-        return np.frombuffer(_packer(len(seq)).pack(*seq), dtype=_INT64)
+        tokens = np.frombuffer(_packer(len(seq)).pack(*seq), dtype=_INT64)
     except (struct.error, TypeError, OverflowError) as exc:
         raise _element_error(seq) from exc
+    # struct packs True/False as 1/0; only those positions can hold a bool,
+    # so only they are type-checked (a BOS token of 1 costs one check).
+    found = count_zero_one(tokens) and has_bool(seq, tokens)
+    if found:
+        i = found - 1
+        raise TypeError(f"tokens must be integers; element {i} is bool {seq[i]!r} "
+                        "(bools are not tokens)")
+    return tokens
+
+
+_BOOLS = (bool, np.bool_)
+
+
+def has_bool(items, tokens):
+    """1 + the position of the first bool of list ``items`` (packed as
+    ``tokens``), or 0: only the positions packed as 0 or 1 are looked at."""
+    for i in np.flatnonzero(tokens.view(np.uint64) <= 1).tolist():
+        if isinstance(items[i], _BOOLS):
+            return i + 1
+    return 0
 
 
 def _element_error(seq):
     """The error for the first element of ``seq`` that is not an int64."""
     for i, x in enumerate(seq):
-        if isinstance(x, (bool, np.bool_)):
-            continue
         try:
             v = operator.index(x)
         except TypeError:

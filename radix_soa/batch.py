@@ -17,7 +17,8 @@ from itertools import chain
 import numpy as np
 
 from ._arrow import arrow_csr
-from ._sequence import as_tokens
+from ._kernels.scan import count_zero_one
+from ._sequence import as_tokens, has_bool
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
@@ -206,7 +207,10 @@ def _pack_python(items):
         raw = struct.Struct(f"{total}q").pack(*chain.from_iterable(items))
     except (struct.error, TypeError, OverflowError):
         return None
-    return np.frombuffer(bytearray(raw), dtype=_INT64)
+    flat = np.frombuffer(bytearray(raw), dtype=_INT64)
+    if count_zero_one(flat) and has_bool(list(chain.from_iterable(items)), flat):
+        return None
+    return flat
 
 
 def _item_tokens(i, x):

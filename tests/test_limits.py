@@ -72,6 +72,27 @@ def test_containers_that_are_not_token_sequences(bad, exc):
     assert rc.num_nodes == 0
 
 
+@pytest.mark.parametrize("bad", [[True, False], [5, 6, True], [0, 1, np.bool_(False)],
+                                 (1, 0, False)])
+def test_bools_in_a_list_are_not_tokens_as_bool_arrays_are_not(bad):
+    rc = RadixCache()
+    pc = PrefixCache()
+    with pytest.raises(TypeError, match="bool"):
+        rc.insert(bad)
+    with pytest.raises(TypeError, match="sequence 1: .*bool"):
+        rc.insert_batch([[0, 1], bad])
+    with pytest.raises(TypeError, match="bool"):
+        rc.exists(bad)
+    with pytest.raises(TypeError, match="values must .*bool"):
+        pc.insert([4, 5, 6][:len(bad)], values=bad)
+    with pytest.raises(TypeError, match="bool"):
+        rc.insert(np.array([True, False]))  # the array rule the list rule matches
+    assert rc.num_nodes == 0 and pc.total_tokens == 0
+    # the tokens 0 and 1 themselves (a BOS id) stay ordinary tokens
+    assert rc.insert([1, 0, 1]) and rc.insert_batch([[0], [1, 1]]).all()
+    assert rc.exists([1, 0, 1]) and rc.exists(np.array([0]))
+
+
 def test_handles_and_arguments_follow_one_rule():
     pc = PrefixCache()
     pc.insert([1, 2], values=[1, 2])

@@ -11,6 +11,7 @@ item they stopped at.)
 Modules, bottom up (a module calls only those above it in this list)::
 
     config      the decorators (kernel, kernel_alloc, kernel_parallel, kernel_nogil)
+    scan        count_zero_one (input checks)
     layout      Tree fields and index constants, meta slots, load limit, statuses
     table       mix64, key_hash -> find_child, table_put, table_slot,
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room
