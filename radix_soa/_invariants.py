@@ -7,7 +7,7 @@ cost O(1); ``full=True`` re-derives everything from the arrays.
 
 import numpy as np
 
-from ._kernels.layout import FREE, MAX_LOAD, NO_NODE, TREE_FIELDS
+from ._kernels.layout import FREE, LOCK_LIMIT, MAX_LOAD, NO_NODE, TREE_FIELDS
 from ._results import InvariantError
 
 _U = np.uint64
@@ -131,8 +131,9 @@ def check_bounds(s):
              and bool(np.all(live[heap])), "a heap entry is not a distinct live node")
         hpos = t.hpos[:end]
         _require(bool(np.all((hpos >= -1) & (hpos < max(hsize, 1)))), "a heap position is out of range")
-        _require(bool(np.all(t.lock[:end] >= 0)) and bool(np.all(t.own[:end] >= 0)),
-             "a lock count is negative")
+        lock, own = t.lock[:end], t.own[:end]
+        _require(bool(np.all((lock >= 0) & (lock <= LOCK_LIMIT) & (own >= 0) & (own <= lock))),
+             f"a lock count lies outside [0, {LOCK_LIMIT}] or below the node's own locks")
         locked = int(length[live & (t.lock[:end] > 0)].sum())
         _require(s.count("locked_tokens") == locked, "the locked-token count disagrees with the locks")
 
@@ -219,7 +220,8 @@ def _first_pages(tokens, start, entries, page):
 
 def _check_tracking(s, end, live, root, free, length, parent, nchild):
     lock = s.lock[:end].astype(np.int64)
-    _require(np.all(lock[~free] >= 0), "lock counts are non-negative")
+    _require(np.all((lock[~free] >= 0) & (lock[~free] <= LOCK_LIMIT)),
+             f"lock counts are in [0, {LOCK_LIMIT}]")
     ids = np.flatnonzero(live)
     own = s.own[:end].astype(np.int64)
     _require(np.all(own[~free] >= 0), "own lock counts are non-negative")

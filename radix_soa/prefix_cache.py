@@ -16,7 +16,7 @@ from ._base import TreeCache
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import FULL, ROOM
+from ._kernels.layout import FULL, LOCK_LIMIT, ROOM
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
@@ -331,8 +331,9 @@ class PrefixCache(TreeCache):
         s = self._s
         with self._lock:
             v = self._resolve(node)
-            if s.parent[v] >= 0:
-                KP.pc_lock(s.T, v, 1)
+            if s.parent[v] >= 0 and KP.lock_checked(s.T, v, 1) == FULL:
+                raise OverflowError(f"node handle {node}: a path holds at most {LOCK_LIMIT} "
+                                    "locks at once (int32 counts)")
 
     def unlock(self, node):
         """Release one ``lock`` of ``node``; ``ValueError`` if it holds none."""

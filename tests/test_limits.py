@@ -155,3 +155,25 @@ def test_a_handle_of_another_cache_is_refused():
     c = pickle.loads(pickle.dumps(a))  # a copy answers the handles of what it copied
     c.lock(h)
     c.unlock(h)
+
+
+def test_lock_counts_stop_at_their_limit_and_guard_locks_still_fit():
+    from radix_soa._kernels.layout import LOCK_LIMIT
+    pc = PrefixCache(capacity=8)
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    pc.insert([7, 8, 9], values=[7, 8, 9])
+    h = pc.match([1, 2, 3]).node
+    pc.lock(h)
+    v = h & 0xFFFFFFFF
+    s = pc._s
+    s.lock[v] = s.own[v] = LOCK_LIMIT  # as if LOCK_LIMIT locks were held
+    pc.check_invariants()
+    with pytest.raises(OverflowError, match="locks"):
+        pc.lock(h)
+    assert s.lock[v] == LOCK_LIMIT and s.own[v] == LOCK_LIMIT
+    # an insert under this path that must evict takes its own guard lock
+    r = pc.insert([1, 2, 3, 4, 5, 6], values=[1, 2, 3, 4, 5, 6])
+    assert r.cached == 3 and pc.total_tokens <= 8
+    pc.check_invariants()
+    pc.unlock(h)
+    assert s.own[v] == LOCK_LIMIT - 1

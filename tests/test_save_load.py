@@ -226,6 +226,13 @@ def test_heap_damage_is_refused(tmp_path):
         PrefixCache.load(tmp_path / "t")
 
 
+def test_lock_counts_past_the_limit_are_refused(tmp_path):
+    small_cache().save(tmp_path / "t")
+    edit_array(tmp_path / "t", "lock", lambda a: a * 0 + (2**31 - 1))
+    with pytest.raises(TreeFormatError, match="lock count"):
+        PrefixCache.load(tmp_path / "t")
+
+
 @pytest.mark.parametrize("mangle", [
     lambda b: b[:6] + b"\xff" + b[7:],                  # magic
     lambda b: b[:12] + b"{'descr': '<i8', 'fortran_order': Tru" + b[49:],  # header text

@@ -85,3 +85,7 @@ MAX_LOAD = LOAD_NUM / LOAD_DEN
 DONE = 0
 ROOM = 1
 FULL = 2            # cannot fit under the capacity even after evicting all else
+
+# Lock counts are int32. A user lock stops one short of the int32 maximum so
+# that the guard lock an insert takes on its own path always fits.
+LOCK_LIMIT = 2**31 - 2

@@ -13,7 +13,7 @@ as the call may write; ignored when the tree keeps no values).
 from .config import kernel
 from .descent import descend
 from .heap import heap_push, heap_remove, heap_sift_down, touch
-from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
+from .layout import (DONE, FULL, GEN, LOCK_LIMIT, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
                      M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS, M_LOOKUPS,
                      M_NEW_TOKENS, M_QUERY_TOKENS, M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE,
                      OWN, PARENT, STAMP, START, TABLE, TOKENS, VALUES)
@@ -205,7 +205,9 @@ def pc_insert_one(T, root, ns, q, n, vals, page, cap, out):
 def pc_lock(T, node, delta):
     """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
     count and the subtree count of it and every ancestor change, keeping the
-    locked-token count and the LRU heap in step."""
+    locked-token count and the LRU heap in step. Unchecked: kernels use it
+    for their own guard locks (which fit because ``lock_checked`` stops user
+    locks at ``LOCK_LIMIT``)."""
     lock, length, parent, nchild = T[LOCK], T[LENGTH], T[PARENT], T[NCHILD]
     heap, hpos, stamp, meta = T[HEAP], T[HPOS], T[STAMP], T[META]
     T[OWN][node] += delta
@@ -222,6 +224,23 @@ def pc_lock(T, node, delta):
             if nchild[w] == 0:
                 heap_push(heap, hpos, stamp, meta, w)
         w = parent[w]
+
+
+@kernel
+def lock_checked(T, node, delta):
+    """``pc_lock`` for the user API: ``FULL`` and nothing changed when a
+    lock would take a count to ``LOCK_LIMIT``, else the change and ``DONE``.
+    ``node`` is not a root."""
+    if delta > 0:
+        # a subtree count is largest at the path's top node
+        parent = T[PARENT]
+        w = node
+        while parent[parent[w]] >= 0:
+            w = parent[w]
+        if T[LOCK][w] >= LOCK_LIMIT or T[OWN][node] >= LOCK_LIMIT:
+            return FULL
+    pc_lock(T, node, delta)
+    return DONE
 
 
 @kernel
