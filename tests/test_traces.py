@@ -173,6 +173,8 @@ MOONCAKE_BAD = {
     "empty_hash_ids": mc(n_in=0, ids=[]),
     "decreasing_timestamp": mc(ts=5),
     "blank_line": "   ",
+    "output_length_1e23": mc(n_out=10**23),
+    "timestamp_of_400_digits": mc(ts=10**400),
 }
 
 
@@ -309,6 +311,7 @@ KV_TOP_BAD = {
     "global_scope": {**kv_doc([kv_req(0.0, [1])]), "hash_id_scope": "global"},
     "no_requests": kv_doc([]),
     "only_empty_subagent": kv_doc([{"t": 0.0, "type": "subagent", "requests": []}]),
+    "block_size_1e23": kv_doc([kv_req(0.0, [1])], block_size=10**23),
 }
 
 
@@ -343,6 +346,8 @@ KV_REQ_BAD = {
     "id_too_big": kv_req(6.0, [1, 2**64]),
     "hash_ids_not_list": {**kv_req(6.0, [1]), "hash_ids": 7},
     "subagent_without_requests": {"t": 6.0, "type": "subagent"},
+    "in_1e23": kv_req(6.0, [1, 2], n_in=10**23),
+    "t_of_400_digits": kv_req(10**400, [1, 2]),
 }
 
 
@@ -428,6 +433,8 @@ TOKENS_BAD = {
     "negative_output": '{"tokens": [1], "output_length": -1}',
     "float_output": '{"tokens": [1], "output_length": 1.5}',
     "string_timestamp": '{"tokens": [1], "timestamp": "now"}',
+    "output_1e23": '{"tokens": [1], "output_length": 100000000000000000000000}',
+    "timestamp_of_400_digits": '{"tokens": [1], "timestamp": 1%s}' % ("0" * 400),
     "blank": "",
 }
 

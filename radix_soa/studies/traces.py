@@ -295,12 +295,17 @@ def _flatten(id_lists, total):
     return np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
 
 
+_MAX_BLOCK_SIZE = 2**31 - 1  # a page size (see radix_soa._validate.MAX_PAGE)
+
+
 def _is_int(x):
     return type(x) is int  # excludes bool, float
 
 
 def _is_number(x):
-    return (type(x) is int or type(x) is float) and math.isfinite(x)
+    if type(x) is int:
+        return _INT64_MIN <= x <= _INT64_MAX  # a 400-digit int is no timestamp
+    return type(x) is float and math.isfinite(x)
 
 
 def _check_count(value, field):
@@ -309,6 +314,8 @@ def _check_count(value, field):
         return f"{field!r} must be an integer, got {value!r}"
     if value < 0:
         return f"{field!r} is negative ({value})"
+    if value > _INT64_MAX:
+        return f"{field!r} = {value} is outside signed int64"
     return None
 
 
@@ -537,8 +544,9 @@ def _kv_load_file(path):
         if key not in doc:
             raise TraceFormatError(path, f"missing top-level field {key!r}")
     bs = doc["block_size"]
-    if not _is_int(bs) or bs <= 0:
-        raise TraceFormatError(path, f"'block_size' must be a positive integer, got {bs!r}")
+    if not _is_int(bs) or not 0 < bs <= _MAX_BLOCK_SIZE:
+        raise TraceFormatError(path, f"'block_size' must be an integer in [1, {_MAX_BLOCK_SIZE}], "
+                                     f"got {bs!r}")
     scope = doc.get("hash_id_scope", "local")
     if scope != "local":
         raise TraceFormatError(
