@@ -311,8 +311,38 @@ def section_replay(repeat):
     print(f"  one replay with a host tier: {t * 1e3:.1f} ms")
 
 
+def section_threads(repeat):
+    """Serial batch reads release the GIL: k threads reading one cache at
+    once, against one thread doing 1/k of the work (throughput ratio)."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 50_000, size=int(k)) for k in rng.integers(20, 100, size=200_000)]
+    rc = radix_soa.RadixCache()
+    rc.insert_batch(seqs)
+    batch = radix_soa.pack(seqs)
+    rc.exists_batch(batch, parallel=False)
+
+    def readers(k):
+        threads = [threading.Thread(target=rc.exists_batch, args=(batch,),
+                                    kwargs={"parallel": False}) for _ in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    print(f"\n[threads] exists_batch of {len(seqs):,} sequences per thread, {os.cpu_count()} cpus")
+    one = best_of(lambda: readers(1), repeat + 2)
+    for k in (2, os.cpu_count() or 2):
+        many = best_of(lambda: readers(k), repeat + 2)
+        print(f"  {k} reader threads: {many * 1e3:8.1f} ms for {k}x the work of one thread "
+              f"({one * 1e3:.1f} ms): throughput {k * one / many:.2f}x one thread")
+        if k == os.cpu_count():
+            break
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory, "replay": section_replay}
+            "memory": section_memory, "replay": section_replay, "threads": section_threads}
 
 
 def main():

@@ -4,11 +4,16 @@ compaction, persistence and pickling of their ``TreeStorage``.
 Threads: every method that changes a cache, or reads it in more than one
 step (``save``, pickling, ``memory_report``, iteration, ``check_invariants``),
 holds the cache's lock (one ``RLock`` per cache) across room-making, kernel
-and bookkeeping. Single-kernel reads (``exists``, ``match_prefix``,
-``match_length`` and their batch forms) take no lock: kernels hold the GIL
-while they run, and a read that saw the arrays replaced by a growth in the
-middle of it runs again under the lock. So any mix of calls from any threads
-is safe, and a read sees the cache as it was at some instant during the call.
+and bookkeeping. Single reads (``exists``, ``match_prefix``,
+``match_length``) take no lock: their kernels hold the GIL while they run,
+and a read that saw the arrays replaced by a growth in the middle of it runs
+again under the lock. Serial batch reads (``exists_batch``,
+``match_prefix_batch``, ``match_length_batch``) release the GIL, so batch
+reads from several threads run on several cores at once: each registers as
+a reader, and a writer, once it holds the lock, waits until no reader runs
+(new readers wait while a writer waits, so writers are not starved). So any
+mix of calls from any threads is safe, and a read sees the cache as it was
+at some instant during the call.
 """
 
 import os
@@ -26,6 +31,36 @@ class TreeCache:
 
     def _init_lock(self):
         self._lock = threading.RLock()
+        self._no_readers = threading.Condition(self._lock)
+        self._readers = 0          # batch reads running without the GIL
+        self._writers_waiting = 0
+
+    def _drain_readers(self):
+        """Called by a writer holding the lock (``if self._readers:`` first):
+        wait until no GIL-free batch read runs. ``wait`` releases the lock, so
+        the readers can deregister; the writer holds it again on return."""
+        self._writers_waiting += 1
+        try:
+            while self._readers:
+                self._no_readers.wait()
+        finally:
+            self._writers_waiting -= 1
+            self._no_readers.notify_all()  # readers held back by this writer
+
+    def _read_released(self, call):
+        """``call()``: one read-only kernel that releases the GIL, run as a
+        registered reader (writers wait for it; it waits for waiting writers)."""
+        with self._lock:
+            while self._writers_waiting:
+                self._no_readers.wait()
+            self._readers += 1
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if not self._readers:
+                    self._no_readers.notify_all()
 
     def _read(self, call):
         """``call()`` (one read-only kernel on ``self._s``'s current arrays),
@@ -62,6 +97,8 @@ class TreeCache:
             raise ValueError(f"headroom must be a fraction in [0, 4]; got {headroom}")
         self._writable()
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             self._s.compact(headroom)
 
     # ------------------------------------------------------------ persistence

@@ -204,6 +204,8 @@ class PrefixCache(TreeCache):
         q = as_tokens(tokens)
         out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             root, ns = self._root(namespace)
             status, length, v, gen = KP.pc_match_one(s.T, root, ns, q, self._page, out)
             if status == ROOM:
@@ -244,7 +246,8 @@ class PrefixCache(TreeCache):
         s = self._s
         if root < 0:  # a namespace never used: nothing cached in it
             return map_batches(batches, np.int64, lambda b, res: None)
-        return map_batches(batches, np.int64, lambda b, res: self._read(
+        read = self._read if kernel is KD.match_batch_parallel else self._read_released
+        return map_batches(batches, np.int64, lambda b, res: read(
             lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
 
     def match_batch(self, batch, namespace=0):
@@ -256,6 +259,8 @@ class PrefixCache(TreeCache):
         self._writable()
         batches = as_batches(batch)
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             return map_batches(batches, np.int64,
                                lambda b, out: self._match_csr(namespace, b, out))
 
@@ -290,6 +295,8 @@ class PrefixCache(TreeCache):
         cap = -1 if self._capacity is None else self._capacity
         out = np.empty(n, np.int64) if self.has_values and cap >= 0 else _NO_VALUES
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             root, ns = self._root(namespace)
             status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
                                                              cap, out)
@@ -330,6 +337,8 @@ class PrefixCache(TreeCache):
         self._writable()
         s = self._s
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             v = self._resolve(node)
             if s.parent[v] >= 0 and KP.lock_checked(s.T, v, 1) == FULL:
                 raise OverflowError(f"node handle {node}: a path holds at most {LOCK_LIMIT} "
@@ -340,6 +349,8 @@ class PrefixCache(TreeCache):
         self._writable()
         s = self._s
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             v = self._resolve(node)
             if s.parent[v] < 0:  # a root: lock(root) is a no-op, so is this (as in SGLang)
                 return
@@ -356,6 +367,8 @@ class PrefixCache(TreeCache):
         n = check_int("num_tokens", num_tokens, minimum=0)
         s = self._s
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
             out = np.empty(bound if self.has_values else 0, np.int64)
             freed = int(KP.pc_evict_one(s.T, n, self._page, out))

@@ -118,6 +118,8 @@ class RadixCache(TreeCache):
         s = self._s
         check_fits(q, s.dtype)
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             status, new = KM.radix_insert(s.T, s.root, q)
             if status == ROOM:
                 status, new = s.run(lambda: KM.radix_insert(s.T, s.root, q))
@@ -133,6 +135,8 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
         if not removed:
             raise KeyError(_short(q))
@@ -161,6 +165,8 @@ class RadixCache(TreeCache):
             if len(b):
                 check_length(int(lengths.max()), "a sequence of the batch")
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             return map_batches(batches, np.bool_, self._insert_csr)
 
     def _insert_csr(self, b, new):
@@ -190,8 +196,9 @@ class RadixCache(TreeCache):
         """
         batches = as_batches(batch)
         kernel = KD.exists_batch_parallel if use_parallel(parallel, batches) else KD.exists_batch
+        read = self._read if kernel is KD.exists_batch_parallel else self._read_released
         s = self._s
-        return map_batches(batches, np.bool_, lambda b, res: self._read(
+        return map_batches(batches, np.bool_, lambda b, res: read(
             lambda: kernel(*s.R, s.root, b.flat, b.offsets, res)))
 
     def match_prefix_batch(self, batch, parallel=None):
@@ -204,8 +211,9 @@ class RadixCache(TreeCache):
         """
         batches = as_batches(batch)
         kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
+        read = self._read if kernel is KD.match_batch_parallel else self._read_released
         s = self._s
-        return map_batches(batches, np.int64, lambda b, res: self._read(
+        return map_batches(batches, np.int64, lambda b, res: read(
             lambda: kernel(*s.M, s.root, b.flat, b.offsets, 1, res)))
 
     # ------------------------------------------------------------ iteration

@@ -212,3 +212,23 @@ def test_kernel_source_hash_follows_every_kernel_file(tmp_path):
 def test_the_suite_compiles_into_a_cache_keyed_by_the_kernel_sources():
     from numba.core import config as numba_config
     assert numba_config.CACHE_DIR.endswith(f"kernels-{kernel_source_hash()}")
+
+
+def test_every_writing_lock_waits_for_gil_free_readers():
+    # A method that mutates under the lock must first wait for the batch
+    # reads running without the GIL (radix_soa._base): the first statement
+    # under ``with self._lock:`` of every such method is that wait.
+    reading = {"exists", "match_prefix", "match_length", "_read", "_read_released",
+               "memory_report", "save", "__getstate__", "to_csr", "check_invariants",
+               "evictable_tokens", "namespaces", "stats"}
+    for name in ("radix_cache", "prefix_cache", "_base"):
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or fn.name in reading:
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.With) and ast.unparse(node.items[0].context_expr) == \
+                        "self._lock":
+                    first = ast.unparse(node.body[0])
+                    assert first.startswith("if self._readers:"), \
+                        f"{name}.{fn.name} writes under the lock without waiting for readers"

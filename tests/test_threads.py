@@ -177,3 +177,66 @@ def test_pickling_beside_writers():
     run_threads([(write,), (copy,)])
     for c in copies:
         c.check_invariants()
+
+
+def test_batch_reads_without_the_gil_beside_writers():
+    # Serial batch reads release the GIL and run as registered readers; the
+    # writers must wait for them (never mutate under a running read) and must
+    # not starve while readers keep arriving.
+    rc = RadixCache()
+    writers = [sequences(10 + w, 1200) for w in range(2)]
+    published = []
+    missing = []
+
+    def write(seqs):
+        for i in range(0, len(seqs), 40):
+            part = seqs[i:i + 40]
+            if i % 80:
+                rc.insert_batch(part)
+            else:
+                for q in part:
+                    rc.insert(q)
+            published.extend(part)
+
+    def batch_read():
+        snapshot = published[:]
+        if not snapshot:
+            return
+        if not rc.exists_batch(snapshot, parallel=False).all():
+            missing.append("exists_batch")
+        lengths = rc.match_prefix_batch(snapshot, parallel=False)
+        if not np.array_equal(lengths, [len(q) for q in snapshot]):
+            missing.append("match_prefix_batch")
+
+    run_threads([(write, writers[0]), (write, writers[1])], background=[batch_read, batch_read])
+    assert missing == []
+    assert rc._readers == 0 and rc._writers_waiting == 0
+    assert rc.exists_batch([q for w in writers for q in w]).all()
+    rc.check_invariants()
+
+
+def test_prefix_batch_reads_beside_eviction():
+    capacity = 2000
+    pc = PrefixCache(capacity=capacity, page_size=2)
+    qs = sequences(21, 300, vocab=4, longest=60)
+
+    def serve(seed):
+        for q in sequences(seed, 500, vocab=4, longest=60):
+            try:
+                pc.insert(q, values=np.arange(len(q)))
+            except CacheFullError:
+                pass
+
+    def batch_reader():
+        got = pc.match_length_batch(qs, parallel=False)
+        assert np.all((got >= 0) & (got <= [len(q) for q in qs]) & (got % 2 == 0))
+
+    def evictor():
+        pc.evict(50)
+
+    run_threads([(serve, s) for s in range(3)], background=[batch_reader, batch_reader, evictor])
+    pc.check_invariants()
+    assert pc._readers == 0
+    assert pc.total_tokens <= capacity
+    assert np.array_equal(pc.match_length_batch(qs, parallel=False),
+                          [pc.match_length(q) for q in qs])

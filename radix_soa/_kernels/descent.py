@@ -11,7 +11,7 @@ results go to caller-allocated ``out`` (bool or int64, one per sequence).
 import numpy as np
 from numba import prange
 
-from .config import kernel, kernel_parallel
+from .config import kernel, kernel_nogil, kernel_parallel
 from .layout import NO_NODE
 from .table import find_child, term_get
 
@@ -81,10 +81,13 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
     return pos + k
 
 
-# Read-only batch loops come in a serial and a ``parallel=True`` (prange)
-# flavour; Numba compiles threading per function, so they are twin loops.
+# Read-only batch loops come in a serial flavour that releases the GIL (batch
+# reads from several Python threads run at once) and a ``parallel=True``
+# (prange) one that keeps it (Numba's default workqueue threading layer must
+# not be entered from two threads at once); twin loops, since Numba compiles
+# threading per function.
 
-@kernel
+@kernel_nogil
 def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,
     ``offsets`` int64 of n + 1; ``out`` bool of n, caller-allocated)."""
@@ -101,7 +104,7 @@ def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat
                             flat, offsets[i], offsets[i + 1] - offsets[i])
 
 
-@kernel
+@kernel_nogil
 def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
     """``out[i] = match_one(sequence i)`` for a CSR batch (``out`` int64 of n,
     caller-allocated)."""
