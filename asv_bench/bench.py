@@ -341,8 +341,16 @@ def section_threads(repeat):
             break
 
 
+def section_sglang(repeat):
+    """Per call against SGLang's RadixCache (only where SGLang is importable)."""
+    import sglang_side
+
+    sglang_side.run(repeat)
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory, "replay": section_replay, "threads": section_threads}
+            "memory": section_memory, "replay": section_replay, "threads": section_threads,
+            "sglang": section_sglang}
 
 
 def main():

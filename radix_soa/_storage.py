@@ -20,6 +20,7 @@ it is compacted instead.
 
 import numpy as np
 
+from ._kernels import directory as KDir
 from ._kernels import layout as L
 from ._kernels import mutation as KM
 from ._kernels import table as KT
@@ -36,10 +37,12 @@ MIN_TOKENS = 256
 # a token buffer that must grow is compacted instead when its dead runs
 # outnumber both its live tokens and this
 COMPACT_MIN_DEAD = 4096
-NODE_DTYPES = {"start": np.int64, "length": np.int32, "parent": np.int32, "nchild": np.int32,
-               "cxor": np.int32}
-TRACK_DTYPES = {"lock": np.int32, "stamp": np.int64, "hpos": np.int32, "heap": np.int32,
-                "gen": np.uint32, "own": np.int32}
+SMALL_ARRAY = 1 << 16
+NODE_DTYPES = {name: np.dtype(L.FIELD_DTYPES[name]) for name in NODE_FIELDS}
+TRACK_DTYPES = {name: np.dtype(L.FIELD_DTYPES[name]) for name in TRACK_FIELDS}
+# per-call kernels take the arrays' directory; False (or a Numba without the
+# internals it needs) passes them as the plain tuple (tested both ways)
+USE_DIRECTORY = KDir.HAS_DIRECTORY
 # the counters Python code reads, by name (the slots themselves stay here)
 COUNTERS = {"tok_used": L.M_TOK_USED, "node_end": L.M_NODE_END, "free_head": L.M_FREE_HEAD,
             "free_count": L.M_FREE_COUNT, "nodes": L.M_NODES, "tokens": L.M_TOKENS,
@@ -90,6 +93,12 @@ def smallest_table_for(entries):
     return size
 
 
+def _grown(n):
+    """The next capacity of an array of ``n`` entries: x4 while small (a
+    growth costs ~30 µs however small the arrays are), then x2."""
+    return 4 * n if n < SMALL_ARRAY else 2 * n
+
+
 def _copied(arr, cap, keep):
     """``arr[:keep]`` in a new array of ``cap`` entries (zeros after)."""
     out = allocate(cap, arr.dtype)
@@ -108,6 +117,7 @@ class TreeStorage:
     def __init__(self, dtype=np.int64, *, values=False, track=False, page_size=1,
                  node_capacity=MIN_NODES, token_capacity=MIN_TOKENS):
         self.dtype = token_dtype(dtype)
+        self.narrow = self.dtype != np.int64  # tokens need a range check
         self.has_values = bool(values)
         self.track = bool(track)
         self.page_size = int(page_size)
@@ -132,6 +142,7 @@ class TreeStorage:
         """A storage over existing arrays (a loaded or unpickled tree)."""
         s = cls.__new__(cls)
         s.dtype = token_dtype(dtype)
+        s.narrow = s.dtype != np.int64
         s.has_values = bool(values)
         s.track = bool(track)
         s.page_size = int(page_size)
@@ -152,9 +163,13 @@ class TreeStorage:
         - ``generation``: bumped by every publish, so a lock-free reader
           can tell that the arrays it read from were replaced;
         - ``T``: the same arrays as the plain tuple mutating kernels take;
-        - ``R``: ``(tokens, start, length, parent, term, table)``, what
-          ``exists`` reads; ``M``: the same without ``term``, what ``match``
-          reads.
+        - ``R``: ``(tokens, start, length, parent, term, table)``, what the
+          batch ``exists`` reads; ``M``: the same without ``term``, what the
+          batch ``match`` reads;
+        - ``D``: the directory of every array the per-call entry kernels take
+          (see ``radix_soa._kernels.directory``; it keeps the arrays alive),
+          or ``T`` itself where this Numba lacks what the directory needs;
+          ``like``: an empty array of the token dtype, passed beside ``D``.
         """
         views = tree._asdict()
         views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
@@ -162,6 +177,8 @@ class TreeStorage:
         views["T"] = tuple(tree)
         views["R"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table)
         views["M"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.table)
+        views["D"] = KDir.directory_of(tree) if USE_DIRECTORY else views["T"]
+        views["like"] = tree.tokens[:0]
         self.__dict__.update(views)
 
     @property
@@ -206,7 +223,7 @@ class TreeStorage:
             if dead > max(int(meta[L.M_TOKENS]), COMPACT_MIN_DEAD):
                 self._publish(self._compacted(0.5, tokens))
                 return self.reserve(tokens, nodes)
-            cap = max(2 * tree.tokens.shape[0], used + tokens)
+            cap = max(_grown(tree.tokens.shape[0]), used + tokens)
             changes["tokens"] = _copied(tree.tokens, cap, used)
             if self.has_values:
                 changes["values"] = _copied(tree.values, cap, used)
@@ -216,9 +233,11 @@ class TreeStorage:
             raise OverflowError(f"a tree holds at most {MAX_NODES} nodes (int32 ids); this call "
                                 f"needs {need_n}")
         if need_n > tree.start.shape[0]:
-            cap = min(MAX_NODES, max(2 * tree.start.shape[0], need_n))
+            cap = min(MAX_NODES, max(_grown(tree.start.shape[0]), need_n))
             changes.update(self._node_arrays(tree, cap, end))
         need_slots = int(meta[L.M_NODES]) + nodes
+        if "start" in changes:  # the table grows with the node arrays: one growth, not two
+            need_slots = max(need_slots, changes["start"].shape[0] // 2)
         if not KT.table_fits(need_slots, tree.table.shape[0]):
             changes["table"] = self._built_table(tree._replace(**changes),
                                                  table_size_for(need_slots))

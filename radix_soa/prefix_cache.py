@@ -16,7 +16,7 @@ from ._base import TreeCache
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import FULL, LOCK_LIMIT, ROOM
+from ._kernels.layout import DONE, FULL, LOCK_LIMIT, ROOM, STALE
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
@@ -27,6 +27,11 @@ from .batch import as_batches, map_batches, use_parallel
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
+_EMPTY = np.empty(0, np.int64)
+_EMPTY.flags.writeable = False
+_INT64 = np.dtype(np.int64)
+_new = tuple.__new__
+_NONE_EVICTED = {False: EvictResult(0, None), True: EvictResult(0, _EMPTY)}
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -41,10 +46,12 @@ class PrefixCache(TreeCache):
     >>> m = pc.match([1, 2, 3, 9])
     >>> m.length, m.values.tolist()
     (3, [10, 11, 12])
-    >>> pc.lock(m.node)            # protect [1, 2, 3] while a request uses it
+    >>> pc.lock(m.node)            # protect [1, 2, 3] while a request uses it: 3 tokens
+    3
     >>> pc.evict(4).values.tolist()  # only the unlocked tail can go
     [13]
     >>> pc.unlock(m.node)
+    3
     >>> pc.total_tokens, pc.locked_tokens
     (3, 0)
 
@@ -69,6 +76,7 @@ class PrefixCache(TreeCache):
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
+        self._cap = -1 if capacity is None else capacity  # what kernels take
         self._page = page_size
         # mixed into every handle's generation, so a handle of another cache
         # is refused even when its node id and generation happen to match
@@ -172,20 +180,6 @@ class PrefixCache(TreeCache):
             keys = self._ns_keys
             self._roots = {keys[n]: r for n, r in sorted(self._s.roots().items())}
 
-    def _resolve(self, handle):
-        """Node id of a live handle, else ``ValueError``."""
-        try:
-            if isinstance(handle, bool):
-                raise TypeError
-            h = operator.index(handle)
-        except TypeError:
-            raise TypeError(f"a node handle is an int; got {type(handle).__name__}") from None
-        v, gen = h & _ID_MASK, (h >> _GEN_SHIFT) ^ self._salt
-        s = self._s
-        if h < 0 or v >= s.node_end or s.length[v] < 0 or int(s.gen[v]) != gen:
-            raise ValueError(f"node handle {handle} does not refer to a live node of this cache")
-        return v
-
     def _aligned(self, n):
         return n - n % self._page
 
@@ -206,15 +200,19 @@ class PrefixCache(TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            root, ns = self._root(namespace)
-            status, length, v, gen = KP.pc_match_one(s.T, root, ns, q, self._page, out)
+            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            ns = 0
+            if root < 0:
+                root, ns = self._root(namespace)
+            status, length, v, gen = KP.pc_match_one(s.D, s.like, root, ns, q, self._page, out)
             if status == ROOM:
                 status, length, v, gen = s.run(
-                    lambda: KP.pc_match_one(s.T, root, ns, q, self._page, out))
+                    lambda: KP.pc_match_one(s.D, s.like, root, ns, q, self._page, out))
             if root < 0:
                 self._roots_in_sync()
-        return Match(length, ((int(gen) ^ self._salt) << _GEN_SHIFT) | v,
-                     out[:length] if s.has_values else None)
+        # tuple.__new__: a named tuple's own constructor is a Python call
+        return _new(Match, (length, ((gen ^ self._salt) << _GEN_SHIFT) | v,
+                            out[:length] if s.has_values else None))
 
     def match_length(self, tokens, namespace=0):
         """Length of the longest cached whole-page prefix of ``tokens``, read
@@ -231,10 +229,10 @@ class PrefixCache(TreeCache):
             return 0
         s = self._s
         generation = s.generation
-        length = KD.match_one(*s.M, root, q, 0, q.shape[0], self._page)
+        length = KD.match_at(s.D, s.like, root, q, self._page)
         if s.generation != generation:  # a growth replaced the arrays meanwhile
             with self._lock:
-                length = KD.match_one(*s.M, root, q, 0, q.shape[0], self._page)
+                length = KD.match_at(s.D, s.like, root, q, self._page)
         return int(length)
 
     def match_length_batch(self, batch, namespace=0, parallel=None):
@@ -284,31 +282,41 @@ class PrefixCache(TreeCache):
         under ``capacity`` freed, as an ``EvictResult``. Raises
         ``CacheFullError`` (changing nothing) when locked tokens leave no room.
         """
-        self._writable()
-        q = as_tokens(tokens)
         s = self._s
-        check_fits(q, s.dtype)
-        if q.shape[0] > MAX_SEQUENCE_TOKENS:
-            check_length(q.shape[0])  # raises
-        vals = self._check_values(values, q.shape[0])
-        n = self._aligned(q.shape[0])
-        cap = -1 if self._capacity is None else self._capacity
-        out = np.empty(n, np.int64) if self.has_values and cap >= 0 else _NO_VALUES
+        if s.readonly:
+            self._writable()
+        q = as_tokens(tokens)
+        nq = q.shape[0]
+        if s.narrow:
+            check_fits(q, s.dtype)
+        if nq > MAX_SEQUENCE_TOKENS:
+            check_length(nq)  # raises
+        n = nq - nq % self._page
+        if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
+                and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
+            vals = values  # the common case, checked inline
+        else:
+            vals = self._check_values(values, nq, n)
+        cap = self._cap
+        out = np.empty(n, np.int64) if cap >= 0 and s.has_values else _NO_VALUES
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            root, ns = self._root(namespace)
-            status, cached, v, gen, freed = KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page,
-                                                             cap, out)
+            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            ns = 0
+            if root < 0:
+                root, ns = self._root(namespace)
+            status, cached, v, gen, freed = KP.pc_insert_one(s.D, s.like, root, ns, q, n, vals,
+                                                             self._page, cap, out)
             if status == ROOM:
-                status, cached, v, gen, freed = s.run(
-                    lambda: KP.pc_insert_one(s.T, root, ns, q, n, vals, self._page, cap, out))
+                status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
+                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out))
             if status == FULL:
                 raise self._full(n)
             if root < 0:
                 self._roots_in_sync()
-        return InsertResult(cached, ((int(gen) ^ self._salt) << _GEN_SHIFT) | v,
-                            self._evicted(freed, out))
+        return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v,
+                                   self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]))
 
     def _full(self, n):
         return CacheFullError(
@@ -316,16 +324,21 @@ class PrefixCache(TreeCache):
             f"{self.total_tokens} cached of which {self.locked_tokens} locked, and the "
             "request's own path is never evicted")
 
-    def _check_values(self, values, n):
+    def _check_values(self, values, n, aligned=None):
+        """``values`` for ``n`` tokens as int64: one per token, or (with
+        ``aligned``) one per token of the whole pages only."""
         if not self.has_values:
             if values is not None:
                 raise ValueError("this cache keeps no values (values=False); pass values=None")
-            return np.empty(0, np.int64)
+            return _NO_VALUES
         if values is None:
             raise ValueError("this cache keeps a value per token; pass values=")
         vals = as_values(values)
-        if vals.shape[0] != n:
-            raise ValueError(f"values has {vals.shape[0]} entries for {n} tokens")
+        if vals.shape[0] != n and vals.shape[0] != aligned:
+            pages = f" or {aligned} (the whole pages)" if aligned is not None and aligned != n \
+                else ""
+            raise ValueError(f"values has {vals.shape[0]} entries for {n} tokens; pass {n}"
+                             f"{pages}")
         return vals
 
     def _evicted(self, freed, out):
@@ -333,31 +346,56 @@ class PrefixCache(TreeCache):
 
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
-        each ``lock`` needs its ``unlock``)."""
-        self._writable()
-        s = self._s
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
-            v = self._resolve(node)
-            if s.parent[v] >= 0 and KP.lock_checked(s.T, v, 1) == FULL:
-                raise OverflowError(f"node handle {node}: a path holds at most {LOCK_LIMIT} "
-                                    "locks at once (int32 counts)")
+        each ``lock`` needs its ``unlock``); returns the tokens it newly
+        locked (0 when the path was locked already, or for a root).
+
+        >>> pc = PrefixCache(); h = pc.insert([1, 2, 3], values=[4, 5, 6]).node
+        >>> pc.lock(h), pc.lock(h), pc.unlock(h), pc.unlock(h)
+        (3, 0, 0, 3)
+        """
+        return self._lock_handle(node, 1)
 
     def unlock(self, node):
-        """Release one ``lock`` of ``node``; ``ValueError`` if it holds none."""
-        self._writable()
+        """Release one ``lock`` of ``node``: returns the tokens it made
+        evictable again; ``ValueError`` if the node holds no lock of its own."""
+        return self._lock_handle(node, -1)
+
+    def _lock_handle(self, node, delta):
         s = self._s
+        if s.readonly:
+            self._writable()
+        if type(node) is not int:
+            node = self._handle_int(node)
+        v = node & _ID_MASK
+        gen = (node >> _GEN_SHIFT) ^ self._salt
+        if node < 0 or gen >= 1 << _GEN_SHIFT:
+            v = -1
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            v = self._resolve(node)
-            if s.parent[v] < 0:  # a root: lock(root) is a no-op, so is this (as in SGLang)
-                return
-            if s.own[v] <= 0:
-                raise ValueError(f"node handle {node} holds no lock of its own"
-                                 if s.lock[v] else f"node handle {node} is not locked")
-            KP.pc_lock(s.T, v, -1)
+            status, tokens = KP.lock_handle(s.D, s.like, v, gen, delta)
+        if status != DONE:
+            raise self._lock_error(node, status, delta)
+        return int(tokens)
+
+    def _lock_error(self, node, status, delta):
+        if status == STALE:
+            return ValueError(f"node handle {node} does not refer to a live node of this cache")
+        if delta > 0:
+            return OverflowError(f"node handle {node}: a path holds at most {LOCK_LIMIT} locks "
+                                 "at once (int32 counts)")
+        v = node & _ID_MASK
+        return ValueError(f"node handle {node} holds no lock of its own" if self._s.lock[v]
+                          else f"node handle {node} is not locked")
+
+    @staticmethod
+    def _handle_int(handle):
+        try:
+            if isinstance(handle, bool):
+                raise TypeError
+            return operator.index(handle)
+        except TypeError:
+            raise TypeError(f"a node handle is an int; got {type(handle).__name__}") from None
 
     def evict(self, num_tokens):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
@@ -371,7 +409,7 @@ class PrefixCache(TreeCache):
                 self._drain_readers()
             bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
             out = np.empty(bound if self.has_values else 0, np.int64)
-            freed = int(KP.pc_evict_one(s.T, n, self._page, out))
+            freed = int(KP.pc_evict_one(s.D, s.like, n, self._page, out))
         return self._evicted(freed, out)
 
     # ------------------------------------------------------------ state
@@ -392,6 +430,7 @@ class PrefixCache(TreeCache):
             raise TreeFormatError(f"the saved handle salt {salt!r} is not a 32-bit int")
         self._salt = salt
         self._capacity = capacity
+        self._cap = -1 if capacity is None else capacity
         self._page = s.page_size
         if "namespaces" in state:
             keys = state["namespaces"]

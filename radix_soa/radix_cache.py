@@ -76,10 +76,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        found = KD.exists_one(*s.R, s.root, q, 0, q.shape[0])
+        found = KD.exists_at(s.D, s.like, s.root, q)
         if s.generation != generation:  # a growth replaced the arrays meanwhile
             with self._lock:
-                found = KD.exists_one(*s.R, s.root, q, 0, q.shape[0])
+                found = KD.exists_at(s.D, s.like, s.root, q)
         return bool(found)
 
     __contains__ = exists
@@ -95,10 +95,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        length = KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1)
+        length = KD.match_at(s.D, s.like, s.root, q, 1)
         if s.generation != generation:
             with self._lock:
-                length = KD.match_one(*s.M, s.root, q, 0, q.shape[0], 1)
+                length = KD.match_at(s.D, s.like, s.root, q, 1)
         return int(length)
 
     # ------------------------------------------------------------ mutation
@@ -120,9 +120,9 @@ class RadixCache(TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            status, new = KM.radix_insert(s.T, s.root, q)
+            status, new = KM.radix_insert(s.D, s.like, s.root, q)
             if status == ROOM:
-                status, new = s.run(lambda: KM.radix_insert(s.T, s.root, q))
+                status, new = s.run(lambda: KM.radix_insert(s.D, s.like, s.root, q))
         return new == 1
 
     def remove(self, sequence):

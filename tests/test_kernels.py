@@ -147,3 +147,86 @@ def test_a_namespace_is_made_by_the_call_that_first_uses_it():
     pc.insert([7], values=[1], namespace="tenant")
     assert pc.namespaces == [0, "tenant"]
     assert pc._s.roots() == {0: pc._roots[0], 1: pc._roots["tenant"]}
+
+
+# ---------------------------------------------------------------- the directory
+
+def _field_summaries(D, like):
+    from numba import literal_unroll, njit
+
+    from radix_soa._kernels.directory import tree_at
+
+    @njit
+    def summarize(D, like, out):
+        i = 0
+        for a in literal_unroll(tree_at(D, like)):
+            out[i, 0] = a.shape[0]
+            total = 0
+            for x in a:
+                total += np.int64(x)
+            out[i, 1] = total
+            out[i, 2] = a.itemsize
+            i += 1
+
+    out = np.zeros((16, 3), np.int64)
+    summarize(D, like, out)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
+def test_the_directory_rebuilds_every_array_of_the_tree(dtype):
+    pc = PrefixCache(page_size=2, dtype=dtype)
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        q = rng.integers(0, 200, size=int(rng.integers(2, 40)))
+        h = pc.insert(q, values=q * 3).node
+        pc.lock(h)
+    s = pc._s
+    expected = np.array([[len(a), int(a.astype(np.int64).sum()), a.itemsize] for a in s.tree])
+    assert np.array_equal(_field_summaries(s.D, s.like), expected)
+    assert np.array_equal(_field_summaries(s.T, s.like), expected)  # the fallback: T itself
+
+
+def test_without_the_directory_every_call_gives_the_same_answers(monkeypatch):
+    from radix_soa import _storage
+
+    def run():
+        rng = np.random.default_rng(11)
+        rc, pc = RadixCache(np.int32), PrefixCache(capacity=300, page_size=2)
+        answers = []
+        for _ in range(300):
+            q = rng.integers(0, 5, size=int(rng.integers(1, 30)))
+            answers.append((rc.insert(q), rc.exists(q[:-1]), rc.match_prefix(q[::-1])))
+            m = pc.match(q)
+            locked = pc.lock(m.node)
+            r = pc.insert(q, values=np.arange(len(q)))
+            answers.append((m.length, m.values.tolist(), locked, r.cached,
+                            r.evicted.values.tolist(), pc.unlock(m.node),
+                            pc.match_length(q), pc.evict(3).values.tolist()))
+        rc.check_invariants()
+        pc.check_invariants()
+        return answers, rc._s.D, pc._s.D
+
+    with_directory, d1, d2 = run()
+    assert isinstance(d1, np.ndarray) and isinstance(d2, np.ndarray)
+    monkeypatch.setattr(_storage, "USE_DIRECTORY", False)
+    without, t1, t2 = run()
+    assert isinstance(t1, tuple) and isinstance(t2, tuple)
+    assert with_directory == without
+
+
+def test_a_directory_keeps_its_arrays_alive():
+    import gc
+    import weakref
+
+    from radix_soa._kernels.directory import directory_of
+
+    s = TreeStorage(values=True, track=True)
+    D = directory_of(s.tree)
+    ref = weakref.ref(s.tree.tokens)
+    s.reserve(tokens=10_000)  # publishes new arrays: the old ones live on through D
+    gc.collect()
+    assert ref() is not None and D[1] == ref().shape[0]
+    del D
+    gc.collect()
+    assert ref() is None

@@ -1,18 +1,20 @@
 """Read-only walks down the tree: the token compare, the descent, ``exists``
 and ``match`` for one query and for a CSR batch (serial and ``prange``).
 
-Read-only kernels take the few arrays they read as arguments (cheaper to
-pass than the whole tree): ``tokens`` (the buffer), ``start`` int64,
+Read-only kernels take the few arrays they read as arguments: ``tokens`` (the buffer), ``start`` int64,
 ``length`` int32, ``parent`` int32, ``term`` uint8 bitmap, ``table`` int32.
 Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
+The single-query entries ``exists_at``/``match_at`` take the directory ``D``
+instead (see ``directory``: one argument in place of six).
 """
 
 import numpy as np
 from numba import prange
 
 from .config import kernel, kernel_nogil, kernel_parallel
-from .layout import NO_NODE
+from .directory import tree_at
+from .layout import LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
 from .table import find_child, term_get
 
 
@@ -79,6 +81,22 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Tokens of ``q[qs:qs+qn]`` present as a path (whole pages)."""
     v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, page)
     return pos + k
+
+
+@kernel
+def exists_at(D, like, root, q):
+    """``exists_one`` of all of ``q`` on the tree at directory ``D``."""
+    T = tree_at(D, like)
+    return exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q, 0,
+                      q.shape[0])
+
+
+@kernel
+def match_at(D, like, root, q, page):
+    """``match_one`` of all of ``q`` on the tree at directory ``D``."""
+    T = tree_at(D, like)
+    return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
+                     q.shape[0], page)
 
 
 # Read-only batch loops come in a serial flavour that releases the GIL (batch

@@ -43,6 +43,12 @@ Tree = namedtuple("Tree", TREE_FIELDS)
 NODE_FIELDS = ("start", "length", "parent", "nchild", "cxor")
 TRACK_FIELDS = ("lock", "stamp", "hpos", "heap", "gen", "own")
 
+# the dtype of every field but ``tokens`` (the tree's choice), as NumPy names
+FIELD_DTYPES = {"values": "int64", "start": "int64", "length": "int32", "parent": "int32",
+                "nchild": "int32", "cxor": "int32", "term": "uint8", "table": "int32",
+                "lock": "int32", "stamp": "int64", "hpos": "int32", "heap": "int32",
+                "gen": "uint32", "own": "int32", "meta": "int64"}
+
 # ---------------------------------------------------------------- meta slots
 M_TOK_USED = 0      # high-water mark of the token buffer
 M_NODE_END = 1      # high-water mark of node ids
@@ -85,6 +91,7 @@ MAX_LOAD = LOAD_NUM / LOAD_DEN
 DONE = 0
 ROOM = 1
 FULL = 2            # cannot fit under the capacity even after evicting all else
+STALE = 3           # a node handle whose node is gone (the lock kernel)
 
 # Lock counts are int32. A user lock stops one short of the int32 maximum so
 # that the guard lock an insert takes on its own path always fits.

@@ -10,6 +10,7 @@ handles stay valid) and gives the upper part a new id.
 
 from .config import kernel
 from .descent import descend
+from .directory import tree_at
 from .heap import heap_push, heap_remove, touch
 from .layout import (CXOR, DONE, FREE, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_DEAD_TOKENS,
                      M_FREE_COUNT, M_FREE_HEAD, M_NODES, M_NODE_END, M_ROOTS, M_TERMINALS,
@@ -202,9 +203,11 @@ def set_terminal(term, meta, v):
 
 
 @kernel
-def radix_insert(T, root, q):
-    """``RadixCache.insert``: ``(status, new)``; ``new`` is 1 if ``q`` was
-    not stored before. ``ROOM``: nothing changed."""
+def radix_insert(D, like, root, q):
+    """``RadixCache.insert`` on the tree at directory ``D`` (see
+    ``directory``): ``(status, new)``; ``new`` is 1 if ``q`` was not stored
+    before. ``ROOM``: nothing changed."""
+    T = tree_at(D, like)
     qn = q.shape[0]
     if not has_room(T, qn, 2):
         return need_room(T, qn, 2), 0

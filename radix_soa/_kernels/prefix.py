@@ -12,8 +12,9 @@ as the call may write; ignored when the tree keeps no values).
 
 from .config import kernel
 from .descent import descend
+from .directory import tree_at
 from .heap import heap_push, heap_remove, heap_sift_down, touch
-from .layout import (DONE, FULL, GEN, LOCK_LIMIT, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
+from .layout import (DONE, FULL, GEN, LOCK_LIMIT, M_NODE_END, STALE, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
                      M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS, M_LOOKUPS,
                      M_NEW_TOKENS, M_QUERY_TOKENS, M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE,
                      OWN, PARENT, STAMP, START, TABLE, TOKENS, VALUES)
@@ -53,12 +54,14 @@ def path_values(start, length, parent, values, node, total, out):
 
 
 @kernel
-def pc_match_one(T, root, ns, q, page, out):
-    """``PrefixCache.match``: ticks the clock, matches ``q`` (cut to whole
-    pages) and writes the matched tokens' values to ``out`` (``len(q)``
-    long). ``root < 0``: namespace number ``ns`` has no root yet; it is made
-    here. Returns ``(status, length, node, generation)``; ``ROOM`` (a node
-    for the split or the root): nothing changed."""
+def pc_match_one(D, like, root, ns, q, page, out):
+    """``PrefixCache.match`` on the tree at directory ``D`` (see
+    ``directory``): ticks the clock, matches ``q`` (cut to whole pages) and
+    writes the matched tokens' values to ``out`` (``len(q)`` long). ``root <
+    0``: namespace number ``ns`` has no root yet; it is made here. Returns
+    ``(status, length, node, generation)``; ``ROOM`` (a node for the split
+    or the root): nothing changed."""
+    T = tree_at(D, like)
     if not has_room(T, 0, 1 if root >= 0 else 2):
         return need_room(T, 0, 2), 0, NO_NODE, T[GEN][0]
     if root < 0:
@@ -178,13 +181,14 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
 
 
 @kernel
-def pc_insert_one(T, root, ns, q, n, vals, page, cap, out):
-    """``PrefixCache.insert`` of ``q[:n]`` with ``insert_capped``; ``root <
-    0``: namespace number ``ns`` has no root yet, and it is made here unless
-    the insert cannot fit.
+def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out):
+    """``PrefixCache.insert`` of ``q[:n]`` with ``insert_capped`` on the tree
+    at directory ``D``; ``root < 0``: namespace number ``ns`` has no root
+    yet, and it is made here unless the insert cannot fit.
 
     Returns ``(status, cached, node, generation, freed)``. ``ROOM`` or
     ``FULL``: nothing changed."""
+    T = tree_at(D, like)
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
@@ -206,7 +210,7 @@ def pc_lock(T, node, delta):
     """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
     count and the subtree count of it and every ancestor change, keeping the
     locked-token count and the LRU heap in step. Unchecked: kernels use it
-    for their own guard locks (which fit because ``lock_checked`` stops user
+    for their own guard locks (which fit because ``lock_handle`` stops user
     locks at ``LOCK_LIMIT``)."""
     lock, length, parent, nchild = T[LOCK], T[LENGTH], T[PARENT], T[NCHILD]
     heap, hpos, stamp, meta = T[HEAP], T[HPOS], T[STAMP], T[META]
@@ -227,20 +231,31 @@ def pc_lock(T, node, delta):
 
 
 @kernel
-def lock_checked(T, node, delta):
-    """``pc_lock`` for the user API: ``FULL`` and nothing changed when a
-    lock would take a count to ``LOCK_LIMIT``, else the change and ``DONE``.
-    ``node`` is not a root."""
+def lock_handle(D, like, v, gen, delta):
+    """``PrefixCache.lock`` (``delta=1``) / ``unlock`` (``delta=-1``) of the
+    handle ``(v, gen)`` on the tree at directory ``D``. Returns ``(status,
+    tokens)``: ``STALE`` when the handle's node is gone; ``FULL`` (nothing
+    changed) when a lock would take a count to ``LOCK_LIMIT`` or an unlock
+    finds no lock of the node's own; else ``DONE`` and the tokens newly
+    locked (lock) or newly unlocked (unlock). A root is a no-op."""
+    T = tree_at(D, like)
+    meta, length, parent = T[META], T[LENGTH], T[PARENT]
+    if v < 0 or v >= meta[M_NODE_END] or length[v] < 0 or T[GEN][v] != gen:
+        return STALE, 0
+    if parent[v] < 0:
+        return DONE, 0
     if delta > 0:
         # a subtree count is largest at the path's top node
-        parent = T[PARENT]
-        w = node
+        w = v
         while parent[parent[w]] >= 0:
             w = parent[w]
-        if T[LOCK][w] >= LOCK_LIMIT or T[OWN][node] >= LOCK_LIMIT:
-            return FULL
-    pc_lock(T, node, delta)
-    return DONE
+        if T[LOCK][w] >= LOCK_LIMIT or T[OWN][v] >= LOCK_LIMIT:
+            return FULL, 0
+    elif T[OWN][v] <= 0:
+        return FULL, 0
+    before = meta[M_LOCKED_TOKENS]
+    pc_lock(T, v, delta)
+    return DONE, abs(meta[M_LOCKED_TOKENS] - before)
 
 
 @kernel
@@ -279,10 +294,11 @@ def pc_evict(T, n, page, out):
 
 
 @kernel
-def pc_evict_one(T, n, page, out):
-    """``PrefixCache.evict``: free ``n`` tokens rounded up to whole pages (at
-    most the unlocked ones); ``out`` at least that long. Returns the freed
-    count."""
+def pc_evict_one(D, like, n, page, out):
+    """``PrefixCache.evict`` on the tree at directory ``D``: free ``n``
+    tokens rounded up to whole pages (at most the unlocked ones); ``out`` at
+    least that long. Returns the freed count."""
+    T = tree_at(D, like)
     meta = T[META]
     n = -(-n // page) * page
     n = min(n, meta[M_TOKENS] - meta[M_LOCKED_TOKENS])

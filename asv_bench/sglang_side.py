@@ -1,0 +1,246 @@
+"""radix_soa's PrefixCache against SGLang's RadixCache, per call, side by side.
+
+Needs SGLang 0.5.23 importable (its own ~2.5 GB environment; recipe in
+``../shared/anchors/sglang-cpu.md``), so it is not part of CI:
+
+    /tmp/sgl-venv/bin/python asv_bench/bench.py sglang
+
+Same keys, values and order for both. SGLang's ``RadixKey`` and ``*Params``
+are built inside the timed loop (that is its public API); its keys are
+prepared as ``array('q')`` and its values as torch tensors beforehand, ours
+as NumPy arrays. Each figure is the median over ``repeat`` interleaved runs
+of the per-call time of a loop over every request.
+"""
+
+import importlib.machinery
+import statistics
+import sys
+import time
+import types
+from array import array
+
+import numpy as np
+
+import radix_soa as rs
+
+
+def import_sglang():
+    """SGLang's RadixCache pieces, or None when SGLang is not importable."""
+    try:
+        import transformers.utils.import_utils  # noqa: F401  (records torchvision as absent)
+    except ImportError:
+        return None
+
+    class InterpolationMode:
+        BICUBIC, BILINEAR, NEAREST = "bicubic", "bilinear", "nearest"
+
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional"):
+        if name in sys.modules:
+            continue
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        m.__path__ = []
+        if name != "torchvision":
+            m.InterpolationMode = InterpolationMode
+        sys.modules[name] = m
+    try:
+        import torch
+        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InsertParams,
+                                                            MatchPrefixParams)
+        from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    except ImportError:
+        return None
+    return types.SimpleNamespace(torch=torch, RadixCache=RadixCache, RadixKey=RadixKey,
+                                 InsertParams=InsertParams, MatchPrefixParams=MatchPrefixParams,
+                                 EvictParams=EvictParams)
+
+
+class _FakeAlloc:
+    device = "cpu"
+
+    def free_segment(self, idx, start_pos=0):
+        pass
+
+    def free(self, idx):
+        pass
+
+
+def shared_requests(n=200, shared=1000, own=100, seed=0):
+    """``n`` requests of ``shared + own`` tokens sharing their first ``shared``."""
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, 32_000, size=shared)
+    return [np.concatenate([head, rng.integers(0, 32_000, size=own)]) for _ in range(n)]
+
+
+def mooncake_requests(limit=3000):
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from benchmarks import common
+
+    trace = common.mooncake_conversation()
+    if trace is None:
+        return None
+    return [np.ascontiguousarray(trace[i]) for i in range(min(limit, len(trace)))]
+
+
+class Sides:
+    """Both caches built from the same requests, and the per-call loops."""
+
+    def __init__(self, sg, requests):
+        self.sg = sg
+        self.requests = requests
+        self.keys = [array("q", r.tolist()) for r in requests]
+        offsets = np.cumsum([0] + [len(r) for r in requests])
+        self.values = [np.arange(offsets[i], offsets[i + 1], dtype=np.int64)
+                       for i in range(len(requests))]
+        self.tvalues = [sg.torch.from_numpy(v.copy()) for v in self.values]
+
+    # ---------------------------------------------------------------- builds
+    def sglang_tree(self):
+        return self.sg.RadixCache.create_simulated(mock_allocator=_FakeAlloc(), page_size=1)
+
+    def sglang_insert(self, t):
+        sg = self.sg
+        for k, v in zip(self.keys, self.tvalues):
+            t.insert(sg.InsertParams(key=sg.RadixKey(k), value=v))
+
+    def ours_insert(self, pc):
+        for q, v in zip(self.requests, self.values):
+            pc.insert(q, values=v)
+
+    def built(self):
+        t = self.sglang_tree()
+        self.sglang_insert(t)
+        pc = rs.PrefixCache()
+        self.ours_insert(pc)
+        return t, pc
+
+    # ---------------------------------------------------------------- loops
+    def sglang_match(self, t, keys):
+        sg = self.sg
+        for k in keys:
+            m = t.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(k)))
+            t.path_device_indices(m.last_device_node)
+
+    def ours_match(self, pc, queries):
+        for q in queries:
+            pc.match(q)
+
+    def sglang_nodes(self, t):
+        sg = self.sg
+        return [t.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(k))).last_device_node
+                for k in self.keys]
+
+    def ours_nodes(self, pc):
+        return [pc.match(q).node for q in self.requests]
+
+
+def _per_call(fn, n, repeat):
+    """Median per-call seconds of ``fn()`` (a loop of ``n`` calls) over
+    ``repeat`` runs, with the CPU time of the best run."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        walls.append((time.perf_counter() - t0) / n)
+        cpus.append((time.process_time() - c0) / n)
+    return statistics.median(walls), min(cpus)
+
+
+def _row(what, ours, theirs):
+    print(f"  {what:<46} SGLang {theirs[0] * 1e6:9.2f} µs   radix_soa {ours[0] * 1e6:7.2f} µs"
+          f"   ratio {theirs[0] / ours[0]:7.1f}x   (cpu {theirs[1] / ours[1]:.1f}x)")
+
+
+def compare(sg, name, requests, repeat):
+    S = Sides(sg, requests)
+    n = len(requests)
+    print(f"\n  {name}: {n:,} requests, {sum(map(len, requests)):,} tokens")
+
+    def fresh_insert_pair():
+        t = S.sglang_tree()
+        pc = rs.PrefixCache()
+        return t, pc
+
+    ours, theirs = [], []
+    for _ in range(repeat):  # interleaved: one run of each per round
+        t, pc = fresh_insert_pair()
+        theirs.append(_per_call(lambda: S.sglang_insert(t), n, 1))
+        ours.append(_per_call(lambda: S.ours_insert(pc), n, 1))
+    _row("insert with values", _med(ours), _med(theirs))
+
+    t, pc = S.built()
+    ours, theirs = [], []
+    for _ in range(repeat):
+        theirs.append(_per_call(lambda: S.sglang_match(t, S.keys), n, 1))
+        ours.append(_per_call(lambda: S.ours_match(pc, S.requests), n, 1))
+    _row("match, full hit, with values", _med(ours), _med(theirs))
+
+    # partial hits: each query leaves its request 10 tokens early and diverges,
+    # so every match splits a node (fresh trees each round)
+    cut = [max(1, len(r) - 10) for r in requests]
+    pq = [np.concatenate([r[:c], [-1]]) for r, c in zip(requests, cut)]
+    pk = [array("q", q.tolist()) for q in pq]
+    ours, theirs = [], []
+    for _ in range(repeat):
+        t, pc = S.built()
+        theirs.append(_per_call(lambda: S.sglang_match(t, pk), n, 1))
+        ours.append(_per_call(lambda: S.ours_match(pc, pq), n, 1))
+    _row("match, partial hit (splits), with values", _med(ours), _med(theirs))
+
+    t, pc = S.built()
+    tn, on = S.sglang_nodes(t), S.ours_nodes(pc)
+
+    def sg_lock():
+        for x in tn:
+            t.inc_lock_ref(x)
+            t.dec_lock_ref(x)
+
+    def our_lock():
+        for h in on:
+            pc.lock(h)
+            pc.unlock(h)
+
+    ours, theirs = [], []
+    for _ in range(repeat):
+        theirs.append(_per_call(sg_lock, 2 * n, 1))
+        ours.append(_per_call(our_lock, 2 * n, 1))
+    _row("lock / unlock (per call)", _med(ours), _med(theirs))
+    return S
+
+
+def compare_evict(sg, S, repeat, first=100_000, later=64):
+    ours_first, theirs_first, ours_later, theirs_later = [], [], [], []
+    for _ in range(repeat):
+        t, pc = S.built()
+        theirs_first.append(_per_call(lambda: t.evict(sg.EvictParams(num_tokens=first)), 1, 1))
+        ours_first.append(_per_call(lambda: pc.evict(first), 1, 1))
+        theirs_later.append(_per_call(
+            lambda: [t.evict(sg.EvictParams(num_tokens=later)) for _ in range(50)], 50, 1))
+        ours_later.append(_per_call(lambda: [pc.evict(later) for _ in range(50)], 50, 1))
+    _row(f"evict {first:,} tokens, first call after a build", _med(ours_first), _med(theirs_first))
+    _row(f"evict {later} tokens, later calls", _med(ours_later), _med(theirs_later))
+
+
+def _med(pairs):
+    return statistics.median(p[0] for p in pairs), min(p[1] for p in pairs)
+
+
+def run(repeat=3):
+    sg = import_sglang()
+    print("\n[sglang] PrefixCache vs SGLang 0.5.23 RadixCache, per call (median of "
+          f"{repeat} interleaved runs)")
+    if sg is None:
+        print("  SGLang is not importable here: skipped (see ../shared/anchors/sglang-cpu.md "
+              "for its environment)")
+        return
+    rs.warmup()
+    S = compare(sg, "1,100-token requests sharing 1,000", shared_requests(), repeat)
+    big = Sides(sg, shared_requests(n=1100, shared=0, own=100, seed=1))
+    print("  evict on 1,100 requests of 100 unshared tokens (110,000 tokens)")
+    compare_evict(sg, big, repeat)
+    del S
+    mc = mooncake_requests()
+    if mc is None:
+        print("  the Mooncake traces are not present: the conversation-id rows are skipped")
+        return
+    S = compare(sg, "Mooncake conversation trace (hash ids as tokens)", mc, repeat)
