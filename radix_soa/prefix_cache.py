@@ -16,12 +16,12 @@ from ._base import TreeCache
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import DONE, FULL, LOCK_LIMIT, ROOM, STALE
+from ._kernels.layout import DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_TOKENS, ROOM, STALE
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
-from ._validate import MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length
+from ._validate import MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length
 from .batch import as_batches, map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
@@ -342,7 +342,7 @@ class PrefixCache(TreeCache):
         return vals
 
     def _evicted(self, freed, out):
-        return EvictResult(freed, out[:freed] if self.has_values else None)
+        return _new(EvictResult, (freed, out[:freed] if self._s.has_values else None))
 
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
@@ -401,16 +401,21 @@ class PrefixCache(TreeCache):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the least recently used unlocked
         leaves: ``EvictResult(num_tokens, values)`` with the freed values."""
-        self._writable()
-        n = check_int("num_tokens", num_tokens, minimum=0)
         s = self._s
+        if s.readonly:
+            self._writable()
+        n = num_tokens
+        if type(n) is not int or not 0 <= n <= MAX_COUNT:
+            n = check_int("num_tokens", num_tokens, minimum=0)
+        page = self._page
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            bound = min(-(-n // self._page) * self._page, self.evictable_tokens)
-            out = np.empty(bound if self.has_values else 0, np.int64)
-            freed = int(KP.pc_evict_one(s.D, s.like, n, self._page, out))
-        return self._evicted(freed, out)
+            meta = s.meta
+            bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
+            out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
+            freed = KP.pc_evict_one(s.D, s.like, n, page, out)
+        return self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]
 
     # ------------------------------------------------------------ state
     def _extra_state(self):
