@@ -10,7 +10,7 @@ name the product; the pure-Python baselines return the same types.
 
 from collections import namedtuple
 
-__all__ = ["Match", "InsertResult", "EvictResult", "CacheFullError", "InvariantError",
+__all__ = ["Match", "InsertResult", "EvictResult", "Finished", "CacheFullError", "InvariantError",
            "ReadOnlyTreeError", "TreeFormatError", "STATS"]
 
 InsertResult = namedtuple("InsertResult", ["cached", "node", "evicted"], defaults=(None,))
@@ -23,6 +23,13 @@ Match = namedtuple("Match", ["length", "node", "values"])
 Match.__doc__ = """Result of ``match``: the page-aligned ``length`` of the longest cached
 prefix, the ``node`` ending exactly there (the namespace root when 0), and
 the prefix's ``values`` (int64 array, or ``None`` for a cache without values)."""
+
+Finished = namedtuple("Finished", ["cached", "node", "free", "evicted"])
+Finished.__doc__ = """Result of ``PrefixCache.finish``: ``cached`` leading tokens were in the
+cache already, ``node`` is where the request now ends in the tree, ``free``
+the request's slots the caller must free (duplicates of tokens cached first
+by another request, and the partial last page), ``evicted`` the
+``EvictResult`` of making room (free those slots too)."""
 
 EvictResult = namedtuple("EvictResult", ["num_tokens", "values"])
 EvictResult.__doc__ = """Result of ``evict``: ``num_tokens`` freed and their ``values`` in

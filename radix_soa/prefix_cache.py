@@ -13,10 +13,12 @@ import secrets
 import numpy as np
 
 from ._base import TreeCache
+from ._serving import ServingMixin
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_TOKENS, ROOM, STALE
+from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_TOKENS, ROOM, STALE,
+                             STAT_SLOTS)
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
@@ -36,7 +38,7 @@ _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
 
-class PrefixCache(TreeCache):
+class PrefixCache(ServingMixin, TreeCache):
     """The longest cached prefix of a request, where its KV cache lives, and
     what to evict when full.
 
@@ -71,12 +73,15 @@ class PrefixCache(TreeCache):
     made it (``match_batch``: a prefix of its matches done).
     """
 
-    def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64):
+    def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
+                 count_inflight=False):
         page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
         self._capacity = capacity
         self._cap = -1 if capacity is None else capacity  # what kernels take
+        self._count_inflight = bool(count_inflight)
+        self._inflight = 0
         self._page = page_size
         # mixed into every handle's generation, so a handle of another cache
         # is refused even when its node id and generation happen to match
@@ -154,6 +159,8 @@ class PrefixCache(TreeCache):
             root = self._roots.get(namespace)
             if root is not None:
                 return root, 0
+        elif namespace is None:  # the default namespace (SGLang's extra_key=None)
+            return self._root(0, create)
         if not isinstance(namespace, str):
             try:
                 namespace = operator.index(namespace)
@@ -184,7 +191,7 @@ class PrefixCache(TreeCache):
         return n - n % self._page
 
     # ------------------------------------------------------------ queries
-    def match(self, tokens, namespace=0):
+    def match(self, tokens, namespace=None):
         """Longest cached prefix of ``tokens`` in whole pages: ``Match(length,
         node, values)``.
 
@@ -201,20 +208,26 @@ class PrefixCache(TreeCache):
             if self._readers:
                 self._drain_readers()
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
-            ns = 0
             if root < 0:
-                root, ns = self._root(namespace)
-            status, length, v, gen = KP.pc_match_one(s.D, s.like, root, ns, q, self._page, out)
+                root, _ = self._root(namespace, create=False)
+                if root < 0:  # an unknown namespace: a miss, and nothing is created
+                    return self._unknown_namespace_miss(q)
+            status, length, v, gen = KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out)
             if status == ROOM:
                 status, length, v, gen = s.run(
-                    lambda: KP.pc_match_one(s.D, s.like, root, ns, q, self._page, out))
-            if root < 0:
-                self._roots_in_sync()
+                    lambda: KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out))
         # tuple.__new__: a named tuple's own constructor is a Python call
         return _new(Match, (length, ((gen ^ self._salt) << _GEN_SHIFT) | v,
                             out[:length] if s.has_values else None))
 
-    def match_length(self, tokens, namespace=0):
+    def _unknown_namespace_miss(self, q):
+        meta = self._s.meta
+        meta[STAT_SLOTS["lookups"]] += 1
+        meta[STAT_SLOTS["query_tokens"]] += q.shape[0]
+        return _new(Match, (0, self._handle_of(self._s.root),
+                            _EMPTY if self._s.has_values else None))
+
+    def match_length(self, tokens, namespace=None):
         """Length of the longest cached whole-page prefix of ``tokens``, read
         only: no split, no recency refresh, no stats (for schedulers and
         studies; also works on a memory-mapped cache).
@@ -235,7 +248,7 @@ class PrefixCache(TreeCache):
                 length = KD.match_at(s.D, s.like, root, q, self._page)
         return int(length)
 
-    def match_length_batch(self, batch, namespace=0, parallel=None):
+    def match_length_batch(self, batch, namespace=None, parallel=None):
         """``match_length`` for every sequence of ``batch`` (an int64 array),
         in parallel for large batches (see ``RadixCache.exists_batch``)."""
         batches = as_batches(batch)
@@ -248,7 +261,7 @@ class PrefixCache(TreeCache):
         return map_batches(batches, np.int64, lambda b, res: read(
             lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
 
-    def match_batch(self, batch, namespace=0):
+    def match_batch(self, batch, namespace=None):
         """Match lengths for many requests, exactly as a loop of ``match``
         (same splits, same recency updates, same stats), in one call.
 
@@ -264,15 +277,17 @@ class PrefixCache(TreeCache):
 
     def _match_csr(self, namespace, b, out):
         s = self._s
-        root, ns = self._root(namespace)
+        root, _ = self._root(namespace, create=False)
+        if root < 0:  # an unknown namespace: all misses, nothing created
+            s.meta[STAT_SLOTS["lookups"]] += len(b)
+            s.meta[STAT_SLOTS["query_tokens"]] += b.num_tokens
+            return
         cursor = np.array([0, root], np.int64)
-        s.run(lambda: KP.pc_match_batch(s.T, ns, b.flat, b.offsets, self._page, cursor, out),
+        s.run(lambda: KP.pc_match_batch(s.T, 0, b.flat, b.offsets, self._page, cursor, out),
               plan=lambda st, tokens, nodes: (0, max(nodes, len(b) - int(cursor[0]))))
-        if root < 0:
-            self._roots_in_sync()
 
     # ------------------------------------------------------------ mutation
-    def insert(self, tokens, values=None, namespace=0):
+    def insert(self, tokens, values=None, namespace=None):
         """Cache ``tokens`` (whole pages) with their ``values``:
         ``InsertResult(cached, node, evicted)``.
 
@@ -297,11 +312,12 @@ class PrefixCache(TreeCache):
             vals = values  # the common case, checked inline
         else:
             vals = self._check_values(values, nq, n)
-        cap = self._cap
-        out = np.empty(n, np.int64) if cap >= 0 and s.has_values else _NO_VALUES
+        out = (np.empty(n, np.int64) if self._capacity is not None and s.has_values
+               else _NO_VALUES)
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            cap = self._cap
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             ns = 0
             if root < 0:
@@ -420,6 +436,7 @@ class PrefixCache(TreeCache):
     # ------------------------------------------------------------ state
     def _extra_state(self):
         return {"capacity": self._capacity, "page_size": self._page,
+                "count_inflight": self._count_inflight,
                 "namespaces": list(self._ns_keys), "handle_salt": self._salt}
 
     def _restore_state(self, state):
@@ -436,6 +453,8 @@ class PrefixCache(TreeCache):
         self._salt = salt
         self._capacity = capacity
         self._cap = -1 if capacity is None else capacity
+        self._count_inflight = bool(state.get("count_inflight", False))
+        self._inflight = 0
         self._page = s.page_size
         if "namespaces" in state:
             keys = state["namespaces"]

@@ -30,7 +30,7 @@ LAYERS = {
     "studies": 6,       # radix_soa.studies.*
     "front": 7,         # cli, _warmup, the package itself
 }
-PRODUCT = {"radix_cache", "prefix_cache", "_persist", "_invariants", "_base"}
+PRODUCT = {"radix_cache", "prefix_cache", "_serving", "_persist", "_invariants", "_base"}
 
 
 def layer_of(module):

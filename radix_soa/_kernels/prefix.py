@@ -14,11 +14,12 @@ from .config import kernel
 from .descent import descend
 from .directory import tree_at
 from .heap import heap_push, heap_remove, heap_sift_down, touch
-from .layout import (DONE, FULL, GEN, LOCK_LIMIT, M_NODE_END, STALE, HEAP, HPOS, LENGTH, LOCK, META, M_CLOCK, M_DEAD_TOKENS,
-                     M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS, M_LOOKUPS,
-                     M_NEW_TOKENS, M_QUERY_TOKENS, M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE,
-                     OWN, PARENT, STAMP, START, TABLE, TOKENS, VALUES)
-from .mutation import copy_run, extend, make_root, split, unlink
+from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
+                     M_DEAD_TOKENS, M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS,
+                     M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_QUERY_TOKENS, M_ROOTS, M_TOKENS,
+                     M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, STALE, STAMP, START, TABLE,
+                     TOKENS, VALUES)
+from .mutation import copy_run, extend, free_node, make_root, split, unlink
 from .table import has_room, need_room
 
 
@@ -231,6 +232,68 @@ def pc_lock(T, node, delta):
 
 
 @kernel
+def handle_live(T, v, gen):
+    """True if ``(v, gen)`` names a live node of ``T``."""
+    return 0 <= v < T[META][M_NODE_END] and T[LENGTH][v] >= 0 and T[GEN][v] == gen
+
+
+@kernel
+def pc_peek(D, like, root, q, page, out):
+    """Read-only ``match``: no split, no stamp, no statistics. Returns
+    ``(length, node, generation)``: ``node`` is the node the match ends in
+    (a match ending inside a node gives that node: locking it protects at
+    least the match); the matched tokens' values go to ``out``."""
+    T = tree_at(D, like)
+    start, length, parent, values = T[START], T[LENGTH], T[PARENT], T[VALUES]
+    v, c, k, pos = descend(T[TOKENS], start, length, parent, T[TABLE], root, q, 0, q.shape[0],
+                           page)
+    if values.shape[0] > 0:
+        path_values(start, length, parent, values, v, pos, out)
+        if c != NO_NODE:
+            copy_run(out, pos, values, start[c], k)
+    if c != NO_NODE:
+        v = c
+        pos += k
+    return pos, v, T[GEN][v]
+
+
+@kernel
+def pc_touch(D, like, v, gen):
+    """Refresh the recency of the path root..``(v, gen)``: ``STALE`` or
+    ``DONE``."""
+    T = tree_at(D, like)
+    if not handle_live(T, v, gen):
+        return STALE
+    meta, parent = T[META], T[PARENT]
+    meta[M_CLOCK] += 1
+    w = v
+    while parent[w] >= 0:
+        touch(T[HEAP], T[HPOS], T[STAMP], meta, w, meta[M_CLOCK])
+        w = parent[w]
+    return DONE
+
+
+@kernel
+def drop_subtree(D, like, root, order, page, out):
+    """Remove every node of ``order`` (the non-root nodes under ``root``,
+    deepest first, none locked) and then ``root`` itself; their values go to
+    ``out`` (``sum of their lengths`` long). Returns the tokens removed."""
+    T = tree_at(D, like)
+    values, start, length = T[VALUES], T[START], T[LENGTH]
+    keep_values = values.shape[0] > 0
+    done = 0
+    for i in range(order.shape[0]):
+        x = order[i]
+        if keep_values:
+            copy_run(out, done, values, start[x], length[x])
+        done += length[x]
+        unlink(T, x, page, True)
+    free_node(T, root, True)
+    T[META][M_ROOTS] -= 1
+    return done
+
+
+@kernel
 def lock_handle(D, like, v, gen, delta):
     """``PrefixCache.lock`` (``delta=1``) / ``unlock`` (``delta=-1``) of the
     handle ``(v, gen)`` on the tree at directory ``D``. Returns ``(status,
@@ -239,8 +302,8 @@ def lock_handle(D, like, v, gen, delta):
     finds no lock of the node's own; else ``DONE`` and the tokens newly
     locked (lock) or newly unlocked (unlock). A root is a no-op."""
     T = tree_at(D, like)
-    meta, length, parent = T[META], T[LENGTH], T[PARENT]
-    if v < 0 or v >= meta[M_NODE_END] or length[v] < 0 or T[GEN][v] != gen:
+    meta, parent = T[META], T[PARENT]
+    if not handle_live(T, v, gen):
         return STALE, 0
     if parent[v] < 0:
         return DONE, 0

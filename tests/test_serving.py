@@ -1,0 +1,202 @@
+"""The serving-loop API of PrefixCache: the request lifecycle, peek, touch,
+lock counts and the context manager, reset, namespaces, the text view and
+the audit of cached values."""
+
+import numpy as np
+import pytest
+
+from radix_soa import CacheFullError, PrefixCache
+
+
+def test_peek_changes_nothing_and_returns_node_and_values():
+    pc = PrefixCache()
+    pc.insert([1, 2, 3, 4], values=[10, 11, 12, 13])
+    before = (pc.num_nodes, pc.stats, pc._s.stamp.copy())
+    m = pc.peek([1, 2, 3, 9])
+    assert (m.length, m.values.tolist()) == (3, [10, 11, 12])
+    assert (pc.num_nodes, pc.stats) == before[:2] and np.array_equal(pc._s.stamp, before[2])
+    assert pc.lock(m.node) == 4  # the node the match ends in: it covers the match
+    assert pc.evict(10).num_tokens == 0
+    pc.unlock(m.node)
+    miss = pc.peek([1, 2], namespace="nobody")
+    assert miss.length == 0 and pc.namespaces == [0]
+    assert pc.match([1, 2, 3, 9]) [:2] == (3, pc.match([1, 2, 3]).node)
+
+
+def test_touch_refreshes_recency():
+    pc = PrefixCache()
+    a = pc.insert([1, 2], values=[1, 2]).node
+    pc.insert([5, 6], values=[5, 6])
+    pc.touch(a)  # now [5, 6] is the least recently used
+    assert pc.evict(2).values.tolist() == [5, 6]
+    pc.evict(2)
+    with pytest.raises(ValueError, match="live node"):
+        pc.touch(a)
+
+
+def test_lock_counts_and_the_context_manager():
+    pc = PrefixCache()
+    h = pc.insert([1, 2, 3], values=[1, 2, 3]).node
+    h2 = pc.insert([1, 2, 3, 4, 5], values=[1, 2, 3, 4, 5]).node
+    assert pc.lock(h) == 3 and pc.lock(h2) == 2 and pc.lock(h) == 0
+    assert pc.unlock(h) == 0 and pc.unlock(h2) == 2 and pc.unlock(h) == 3
+    with pytest.raises(RuntimeError, match="boom"):
+        with pc.locked(h2):
+            assert pc.locked_tokens == 5
+            raise RuntimeError("boom")
+    assert pc.locked_tokens == 0
+    pc.check_invariants()
+
+
+def test_unknown_namespaces_are_never_created_by_lookups():
+    pc = PrefixCache()
+    pc.insert([1, 2], values=[1, 2])
+    for tenant in range(1000):
+        assert pc.match([1, 2], namespace=f"t{tenant}").length == 0
+        assert pc.match_length([1, 2], namespace=tenant + 1) == 0
+    pc.match_batch([[1, 2], [3]], namespace="batch")
+    assert pc.namespaces == [0]
+    assert pc.stats["lookups"] == 1002 and pc.stats["hit_tokens"] == 0
+    assert pc.match([1, 2], namespace=None).length == 2  # None is the default namespace
+    pc.insert([1, 2], values=[3, 4], namespace="t5")
+    assert pc.namespaces == [0, "t5"]
+    pc.check_invariants()
+
+
+def test_drop_namespace_returns_its_values_and_keeps_the_others():
+    pc = PrefixCache(page_size=2)
+    rng = np.random.default_rng(4)
+    kept = []
+    for i in range(60):
+        q = rng.integers(0, 4, size=int(rng.integers(2, 20)))
+        ns = "a" if i % 2 else "b"
+        r = pc.insert(q, values=np.arange(len(q)) + 1000 * i, namespace=ns)
+        if ns == "b":
+            kept.append(q)
+    a_values = set(pc.cached_values().tolist())
+    h = pc.match(kept[0], namespace="b").node
+    pc.lock(h)
+    with pytest.raises(ValueError, match="locked"):
+        pc.drop_namespace("b")
+    dropped = pc.drop_namespace("a")
+    assert pc.namespaces == [0, "b"]
+    assert set(dropped.values.tolist()) == a_values - set(pc.cached_values().tolist())
+    assert dropped.num_tokens == len(dropped.values)
+    for q in kept:
+        assert pc.match_length(q, namespace="b") == len(q) - len(q) % 2
+    pc.unlock(h)
+    pc.check_invariants()
+    assert pc.drop_namespace("never").num_tokens == 0
+    pc.drop_namespace("b")
+    pc.check_invariants()
+    assert pc.total_tokens == 0 and pc.namespaces == [0]
+
+
+def test_reset_and_reset_stats():
+    pc = PrefixCache(capacity=100, page_size=2)
+    h = pc.insert([1, 2, 3, 4], values=[1, 2, 3, 4], namespace="x").node
+    pc.match([1, 2])
+    pc.reset_stats()
+    assert pc.stats["lookups"] == 0 and pc.total_tokens == 4
+    pc.reset()
+    assert pc.total_tokens == 0 and pc.namespaces == [0] and pc.stats["lookups"] == 0
+    assert (pc.capacity, pc.page_size) == (100, 2)
+    with pytest.raises(ValueError, match="live node"):
+        pc.lock(h)  # handles of before the reset never match again
+    pc.insert([1, 2], values=[5, 6])
+    pc.check_invariants()
+
+
+def test_values_for_the_whole_pages_only_are_accepted():
+    pc = PrefixCache(page_size=4)
+    assert pc.insert(list(range(10)), values=list(range(8))).cached == 0
+    assert pc.match(list(range(10))).values.tolist() == list(range(8))
+    with pytest.raises(ValueError, match="10 tokens; pass 10 or 8"):
+        pc.insert(list(range(10)), values=list(range(9)))
+
+
+def test_to_text_shows_spans_locks_and_namespaces():
+    pc = PrefixCache()
+    h = pc.insert(list(range(20)), values=[0] * 20, namespace="tenant").node
+    pc.lock(h)
+    text = pc.to_text(tokens_shown=3)
+    assert "namespace 'tenant' (1 nodes, 20 tokens)" in text
+    assert "[0, 1, 2, ... +17] len=20 lock=1" in text
+
+
+def slot_pool_loop(pc, requests, output_len, pool_size):
+    """A toy serving loop with a slot pool; returns the free slots left."""
+    free = list(range(pool_size))
+    for q in requests:
+        r = pc.begin(q)
+        need = len(q) - r.cached + output_len
+        if need > len(free):
+            free.extend(pc.evict(need - len(free)).values.tolist())
+        assert need <= len(free)
+        slots = np.concatenate([r.values, np.array([free.pop() for _ in range(need)], np.int64)])
+        tokens = np.concatenate([q, 10_000 + np.arange(output_len)])
+        done = pc.finish(r, tokens, slots)
+        free.extend(done.free.tolist())
+        free.extend(done.evicted.values.tolist())
+        assert pc.locked_tokens == 0
+    return free
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_serving_loop_neither_leaks_nor_double_frees_slots(page_size):
+    rng = np.random.default_rng(page_size)
+    prompts = [rng.integers(0, 3, size=int(rng.integers(3, 40))) for _ in range(20)]
+    requests = [prompts[int(i)] for i in rng.integers(0, 20, size=300)]
+    pool = 2000
+    pc = PrefixCache(page_size=page_size)
+    free = slot_pool_loop(pc, requests, output_len=5, pool_size=pool)
+    held = pc.cached_values().tolist()
+    assert len(held) + len(free) == pool
+    assert sorted(held + free) == list(range(pool))
+    pc.check_invariants()
+
+
+def test_inflight_tokens_count_against_the_capacity():
+    pc = PrefixCache(capacity=50, count_inflight=True)
+    pc.insert(list(range(30)), values=list(range(30)))
+    r1 = pc.begin(list(range(100, 120)))  # 20 in flight: 30 + 20 = 50
+    assert r1.reserved == 20 and pc.inflight_tokens == 20 and r1.evicted.num_tokens == 0
+    r2 = pc.begin(list(range(200, 210)))  # 10 more: 10 cached tokens must go
+    assert r2.evicted.num_tokens == 10 and pc.total_tokens + pc.inflight_tokens == 50
+    with pytest.raises(CacheFullError):
+        pc.begin(list(range(300, 400)))  # 100 can never fit
+    assert pc.inflight_tokens == 30 and pc.locked_tokens == 0
+    done = pc.finish(r1, list(range(100, 120)), list(range(100, 120)))
+    assert done.cached == 0 and pc.inflight_tokens == 10
+    assert pc.total_tokens + pc.inflight_tokens <= 50
+    pc.abort(r2)
+    assert pc.inflight_tokens == 0
+    with pytest.raises(ValueError, match="finished or aborted"):
+        pc.finish(r2, [1], [1])
+    pc.check_invariants()
+
+
+def test_checkpoint_caches_a_chunk_and_moves_the_lock():
+    pc = PrefixCache(page_size=2)
+    pc.insert([1, 2, 3, 4], values=[1, 2, 3, 4])
+    r = pc.begin([1, 2, 3, 4, 5, 6, 7])
+    assert r.cached == 4
+    free = pc.checkpoint(r, [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 50, 60, 70])
+    assert free.tolist() == [] and r.cached == 6  # 7 is a partial page: still the request's
+    assert pc.locked_tokens == 6
+    assert pc.evict(100).num_tokens == 0  # the new path is protected
+    done = pc.finish(r, [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 50, 60, 70, 80])
+    assert done.cached == 6 and done.free.tolist() == []
+    assert pc.match([1, 2, 3, 4, 5, 6, 7, 8]).values.tolist() == [1, 2, 3, 4, 50, 60, 70, 80]
+    assert pc.locked_tokens == 0
+    pc.check_invariants()
+
+
+def test_finish_frees_duplicates_cached_by_another_request():
+    pc = PrefixCache()
+    a = pc.begin([1, 2, 3])
+    b = pc.begin([1, 2, 3])
+    pc.finish(a, [1, 2, 3], [10, 11, 12])
+    done = pc.finish(b, [1, 2, 3, 4], [20, 21, 22, 23])
+    assert done.cached == 3 and done.free.tolist() == [20, 21, 22]
+    assert pc.match([1, 2, 3, 4]).values.tolist() == [10, 11, 12, 23]
