@@ -342,7 +342,7 @@ class ServingMixin:
         >>> print(pc.to_text())
         namespace 0 (3 nodes, 4 tokens)
           [1, 2] len=2
-            [3] len=1 stamp=2
+            [3] len=1 stamp=1
             [9] len=1 stamp=2
         """
         with self._lock:

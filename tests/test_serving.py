@@ -70,7 +70,7 @@ def test_drop_namespace_returns_its_values_and_keeps_the_others():
     for i in range(60):
         q = rng.integers(0, 4, size=int(rng.integers(2, 20)))
         ns = "a" if i % 2 else "b"
-        r = pc.insert(q, values=np.arange(len(q)) + 1000 * i, namespace=ns)
+        pc.insert(q, values=np.arange(len(q)) + 1000 * i, namespace=ns)
         if ns == "b":
             kept.append(q)
     a_values = set(pc.cached_values().tolist())
