@@ -253,6 +253,17 @@ def map_batches(batches, dtype, fill):
 
 # ---------------------------------------------------------------- any input
 
+def pack_one(obj):
+    """``as_batches(obj)`` as one ``Batch`` (chunks concatenated)."""
+    parts = as_batches(obj)
+    if len(parts) == 1:
+        return parts[0]
+    lengths = np.concatenate([p.lengths for p in parts])
+    offsets = np.zeros(lengths.shape[0] + 1, _INT64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Batch(np.concatenate([p.flat[p.offsets[0]:p.offsets[-1]] for p in parts]), offsets)
+
+
 def as_batches(obj):
     """Every accepted batch input as a list of ``Batch`` (several for a
     chunked Arrow array): a ``Batch``, a ``(flat, offsets)`` tuple of two

@@ -24,7 +24,7 @@ from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
 from ._validate import MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length
-from .batch import as_batches, map_batches, use_parallel
+from .batch import as_batches, map_batches, pack_one, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
@@ -333,6 +333,62 @@ class PrefixCache(ServingMixin, TreeCache):
                 self._roots_in_sync()
         return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v,
                                    self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]))
+
+    def insert_batch(self, batch, values=None, namespace=None):
+        """``insert`` of every sequence of ``batch`` in one call: returns
+        ``(cached, evicted)``, an int64 array (leading tokens already cached
+        per sequence; -1 where a sequence could not fit under the capacity
+        because of locked tokens, and was skipped) and the ``EvictResult``
+        of everything making room freed.
+
+        ``values``: a batch of the same shape (anything ``pack`` takes, e.g.
+        a ``(flat, offsets)`` pair), or None for a cache without values.
+        Everything is validated before anything is inserted.
+
+        >>> pc = PrefixCache()
+        >>> cached, _ = pc.insert_batch([[1, 2, 3], [1, 2, 4]], values=[[7, 8, 9], [7, 8, 6]])
+        >>> cached.tolist(), pc.match([1, 2, 4]).values.tolist()
+        ([0, 2], [7, 8, 6])
+        """
+        s = self._s
+        self._writable()
+        b = pack_one(batch)
+        if s.narrow:
+            check_fits(b.flat, s.dtype)
+        if len(b):
+            check_length(int(b.lengths.max()), "a sequence of the batch")
+        if s.has_values:
+            if values is None:
+                raise ValueError("this cache keeps a value per token; pass values=")
+            vb = pack_one(values)
+            if not np.array_equal(vb.offsets - vb.offsets[0], b.offsets - b.offsets[0]):
+                raise ValueError("values must have one value per token of every sequence")
+            vflat = np.ascontiguousarray(vb.flat)
+        else:
+            if values is not None:
+                raise ValueError("this cache keeps no values (values=False); pass values=None")
+            vflat = _NO_VALUES
+        flat = np.ascontiguousarray(b.flat)
+        offsets = np.ascontiguousarray(b.offsets - b.offsets[0])
+        cached = np.zeros(len(b), np.int64)
+        out = np.empty(flat.shape[0] if s.has_values and self._capacity is not None else 0,
+                       np.int64)
+        cursor = np.zeros(2, np.int64)
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            root, ns = self._root(namespace)
+            if root < 0:
+                root = s.new_root(ns)
+                self._roots_in_sync()
+            cap = self._cap
+            s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
+                                             cap, cursor, cached, out),
+                  plan=lambda st, tokens, nodes: (
+                      max(tokens, int(offsets[-1] - offsets[cursor[0]])),
+                      max(nodes, 2 * (len(b) - int(cursor[0])))))
+        freed = int(cursor[1])
+        return cached, self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]
 
     def _full(self, n):
         return CacheFullError(

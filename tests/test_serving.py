@@ -200,3 +200,43 @@ def test_finish_frees_duplicates_cached_by_another_request():
     done = pc.finish(b, [1, 2, 3, 4], [20, 21, 22, 23])
     assert done.cached == 3 and done.free.tolist() == [20, 21, 22]
     assert pc.match([1, 2, 3, 4]).values.tolist() == [10, 11, 12, 23]
+
+
+@pytest.mark.parametrize("capacity, page_size", [(None, 1), (150, 1), (120, 4), (40, 1)])
+def test_insert_batch_is_a_loop_of_insert(capacity, page_size):
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(0, 4, size=int(rng.integers(1, 30))) for _ in range(200)]
+    vals = [rng.integers(0, 10**6, size=len(q)) for q in seqs]
+    one, many = PrefixCache(capacity, page_size), PrefixCache(capacity, page_size)
+    one.lock(one.insert(seqs[0], values=vals[0]).node)
+    many.lock(many.insert(seqs[0], values=vals[0]).node)  # a locked path: some cannot fit
+    expected, evicted = [], []
+    for q, v in zip(seqs, vals):
+        try:
+            r = one.insert(q, values=v)
+        except CacheFullError:
+            expected.append(-1)
+            continue
+        expected.append(r.cached)
+        evicted.extend(r.evicted.values.tolist())
+    cached, ev = many.insert_batch(seqs, values=vals)
+    if capacity == 40:
+        assert -1 in expected  # the locked path left some sequences no room
+    assert cached.tolist() == expected and ev.values.tolist() == evicted
+    assert ev.num_tokens == len(evicted)
+    for q in seqs:
+        assert many.match_length(q) == one.match_length(q)
+    assert sorted(many.cached_values().tolist()) == sorted(one.cached_values().tolist())
+    assert many.stats == one.stats
+    many.check_invariants()
+
+
+def test_insert_batch_validates_everything_first():
+    pc = PrefixCache()
+    with pytest.raises(ValueError, match="one value per token"):
+        pc.insert_batch([[1, 2], [3]], values=[[1, 2], [3, 4]])
+    with pytest.raises(TypeError):
+        pc.insert_batch([[1, 2], [3.5]], values=[[1, 2], [3]])
+    with pytest.raises(ValueError, match="pass values="):
+        pc.insert_batch([[1, 2]])
+    assert pc.total_tokens == 0

@@ -17,8 +17,8 @@ from .heap import heap_push, heap_remove, heap_sift_down, touch
 from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
                      M_DEAD_TOKENS, M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_QUERY_TOKENS, M_ROOTS, M_TOKENS,
-                     M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, STALE, STAMP, START, TABLE,
-                     TOKENS, VALUES)
+                     M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, ROOM, STALE, STAMP, START,
+                     TABLE, TOKENS, VALUES)
 from .mutation import copy_run, extend, free_node, make_root, split, unlink
 from .table import has_room, need_room
 
@@ -229,6 +229,38 @@ def pc_lock(T, node, delta):
             if nchild[w] == 0:
                 heap_push(heap, hpos, stamp, meta, w)
         w = parent[w]
+
+
+@kernel
+def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cached, out):
+    """``PrefixCache.insert_batch``: ``insert_capped`` of sequences
+    ``cursor[0]..`` of a CSR batch (values ``vflat`` parallel to ``flat``, or
+    empty), evicted values appended to ``out`` from ``cursor[1]`` (``out`` as
+    long as the batch: an insert never frees more than it adds).
+    ``cached[i]``: leading tokens already cached, or -1 for a sequence that
+    cannot fit under ``cap`` (skipped). Returns ``ROOM`` with the cursor at
+    the sequence to resume, else ``DONE``."""
+    T = tree_at(D, like)
+    meta = T[META]
+    while cursor[0] < offsets.shape[0] - 1:
+        i = cursor[0]
+        qs = offsets[i]
+        qn = offsets[i + 1] - qs
+        n = qn - qn % page
+        status, c, node, freed = insert_capped(T, root, flat, qs, n, vflat, qs, page, cap,
+                                               out[cursor[1]:])
+        if status == ROOM:
+            return ROOM
+        if status == FULL:
+            cached[i] = -1
+        else:
+            cached[i] = c
+            cursor[1] += freed
+            meta[M_TOKENS_INSERTED] += qn
+            meta[M_NEW_TOKENS] += n - c
+            meta[M_EVICTED_TOKENS] += freed
+        cursor[0] = i + 1
+    return DONE
 
 
 @kernel
