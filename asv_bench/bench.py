@@ -341,6 +341,77 @@ def section_threads(repeat):
             break
 
 
+class SlotPool:
+    """KV slot ids on a NumPy stack: take and give back runs at once."""
+
+    def __init__(self, n):
+        self.free = np.arange(n, dtype=np.int64)
+        self.top = n
+
+    def take(self, k):
+        self.top -= k
+        return self.free[self.top:self.top + k]
+
+    def give(self, slots):
+        k = slots.shape[0]
+        self.free[self.top:self.top + k] = slots
+        self.top += k
+
+
+def serve(pc, requests, output_len, pool):
+    """The toy serving loop with the lifecycle API: begin (match + lock),
+    slots for the uncached tokens (evicting the shortfall), finish (insert,
+    unlock, slots to free)."""
+    outputs = np.arange(output_len, dtype=np.int64) + 1_000_000
+    for q in requests:
+        r = pc.begin(q)
+        need = q.shape[0] - r.cached + output_len
+        if need > pool.top:
+            pool.give(pc.evict(need - pool.top).values)
+        slots = np.concatenate([r.values, pool.take(need)])
+        done = pc.finish(r, np.concatenate([q, outputs]), slots)
+        pool.give(done.free)
+        if done.evicted.num_tokens:
+            pool.give(done.evicted.values)
+
+
+def section_serving(repeat):
+    """Requests per second of the toy serving loop, and insert_batch
+    against a loop of insert."""
+    radix_soa.warmup()
+    requests = common.sequences("multi_turn")
+    tokens = sum(len(q) for q in requests)
+    print(f"\n[serving] multi_turn: {len(requests):,} requests, {tokens:,} tokens")
+    for pool_size in (tokens // 4, 2 * tokens):
+        t = best_of(lambda pool: serve(radix_soa.PrefixCache(), requests, 16, pool), repeat,
+                    setup=lambda: SlotPool(pool_size))
+        print(f"  serving loop, slot pool {pool_size:,}: {len(requests) / t:,.0f} requests/s "
+              f"({t / len(requests) * 1e6:.1f} µs per request)")
+    vals = [np.arange(len(q), dtype=np.int64) for q in requests]
+
+    def loop():
+        pc = radix_soa.PrefixCache()
+        for q, v in zip(requests, vals):
+            pc.insert(q, values=v)
+
+    batch = radix_soa.pack(requests)
+    vbatch = radix_soa.pack(vals)
+    ours = best_of(lambda: radix_soa.PrefixCache().insert_batch(batch, values=vbatch), repeat)
+    base = best_of(loop, repeat)
+    line("PrefixCache.insert_batch (multi_turn build)", ours, base, "loop of insert")
+    # short requests, where the per-call cost is what a loop pays for
+    rng = np.random.default_rng(0)
+    heads = [rng.integers(0, 32_000, size=int(k)) for k in rng.integers(20, 60, size=1000)]
+    requests = [np.concatenate([heads[int(h)], rng.integers(0, 32_000, size=int(k))])
+                for h, k in zip(rng.integers(0, 1000, size=100_000),
+                                rng.integers(1, 40, size=100_000))]
+    vals = [np.arange(len(q), dtype=np.int64) for q in requests]
+    batch, vbatch = radix_soa.pack(requests), radix_soa.pack(vals)
+    ours = best_of(lambda: radix_soa.PrefixCache().insert_batch(batch, values=vbatch), repeat)
+    base = best_of(loop, repeat)
+    line("PrefixCache.insert_batch (100k short requests)", ours, base, "loop of insert")
+
+
 def section_sglang(repeat):
     """Per call against SGLang's RadixCache (only where SGLang is importable)."""
     import sglang_side
@@ -349,7 +420,7 @@ def section_sglang(repeat):
 
 
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory, "replay": section_replay, "threads": section_threads,
+            "memory": section_memory, "replay": section_replay, "threads": section_threads, "serving": section_serving,
             "sglang": section_sglang}
 
 
