@@ -240,3 +240,15 @@ def test_insert_batch_validates_everything_first():
     with pytest.raises(ValueError, match="pass values="):
         pc.insert_batch([[1, 2]])
     assert pc.total_tokens == 0
+
+
+def test_the_readme_serving_example_runs_as_written(capsys):
+    # the README's python blocks as a whole are issue 13's; this one is tested here
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("### A serving loop"):]
+    block = section[section.index("```python\n") + 10:]
+    exec(compile(block[:block.index("```")], "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "0 [112]" and out[-1] == "True"
