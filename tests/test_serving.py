@@ -252,3 +252,15 @@ def test_the_readme_serving_example_runs_as_written(capsys):
     exec(compile(block[:block.index("```")], "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "0 [112]" and out[-1] == "True"
+
+
+def test_a_split_leaves_the_unmatched_lower_part_with_its_old_stamp():
+    # The documented difference from SGLang, which stamps the child before
+    # splitting it (so its unmatched lower part looks just used too): here
+    # only the matched upper part is refreshed, so the lower part goes first.
+    pc = PrefixCache()
+    pc.insert([1, 2, 3, 4], values=[1, 2, 3, 4])
+    pc.insert([7, 8], values=[7, 8])
+    pc.match([1, 2, 9])  # splits [1, 2, 3, 4] into [1, 2] (stamped) and [3, 4] (not)
+    assert pc.evict(2).values.tolist() == [3, 4]  # older than [7, 8]
+    assert pc.evict(2).values.tolist() == [7, 8]
