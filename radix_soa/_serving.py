@@ -15,7 +15,7 @@ import secrets
 import numpy as np
 
 from ._kernels import prefix as KP
-from ._kernels.layout import DONE, STAT_SLOTS
+from ._kernels.layout import DONE, M_POLICY, STAT_SLOTS
 from ._results import CacheFullError, EvictResult, Finished, Match
 from ._sequence import as_tokens
 from ._storage import TreeStorage
@@ -251,6 +251,7 @@ class ServingMixin:
                 self._drain_readers()
             s = self._s
             fresh = TreeStorage(s.dtype, values=s.has_values, track=True, page_size=s.page_size)
+            fresh.meta[M_POLICY] = s.meta[M_POLICY]
             self._s = fresh
             self._salt = secrets.randbits(32)  # old handles can never match again
             self._ns_keys = [0]

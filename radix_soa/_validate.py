@@ -44,3 +44,13 @@ def check_length(n, what="a sequence"):
     if n > MAX_SEQUENCE_TOKENS:
         raise OverflowError(f"{what} of {n} tokens is longer than the {MAX_SEQUENCE_TOKENS} "
                             "tokens a tree can store in one sequence")
+
+
+def check_policy(name):
+    """The number of eviction policy ``name`` (see
+    ``radix_soa._kernels.layout.POLICIES``), or ``ValueError`` naming them."""
+    from ._kernels.layout import POLICIES
+
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ValueError(f"eviction_policy must be one of {', '.join(POLICIES)}; got {name!r}")
+    return POLICIES.index(name)

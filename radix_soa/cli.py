@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._kernels.layout import POLICIES
 from ._validate import MAX_COUNT, MAX_PAGE, check_int
 from .radix_cache import RadixCache
 from .studies import traces, workloads
@@ -290,7 +291,7 @@ def _settings_line(args, unit_long, footprint, unbounded):
     window = f", window {args.window}" if args.schedule != "fcfs" else ""
     return (f"capacities in {unit_long}; unbounded footprint {footprint:,}, "
             f"unbounded hit rate {unbounded.hit_rate:.4f}; schedule {args.schedule}{window}, "
-            f"page size {args.page_size}, {host}")
+            f"eviction {args.eviction_policy}, page size {args.page_size}, {host}")
 
 
 def _memory_lines(mem, unit, block_size):
@@ -368,7 +369,8 @@ def _study(args):
     t_start = time.perf_counter()
     trace, desc = _load(args)
     replay_args = dict(page_size=args.page_size, host_capacity=args.host_capacity,
-                       schedule=args.schedule, window=args.window)
+                       schedule=args.schedule, window=args.window,
+                       eviction_policy=args.eviction_policy)
     n_caps = len(args.capacities) if args.capacities else args.points
     progress = _Progress(1 + n_caps, _progress_enabled(args.progress))
 
@@ -458,6 +460,8 @@ def build_parser():
     rp = s.add_argument_group("replay")
     rp.add_argument("--schedule", choices=["fcfs", "lpm", "dfs"], default="fcfs",
                     help="request order (default fcfs)")
+    rp.add_argument("--eviction-policy", choices=list(POLICIES), default="lru",
+                    help="what the cache evicts first (default lru)")
     rp.add_argument("--window", type=_pos_int, default=64, metavar="W",
                     help="scheduling window for lpm/dfs (default 64)")
     rp.add_argument("--page-size", type=_bounded(MAX_PAGE), default=1, metavar="P",

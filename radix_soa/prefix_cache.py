@@ -17,13 +17,14 @@ from ._serving import ServingMixin
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_TOKENS, ROOM, STALE,
-                             STAT_SLOTS)
+from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_POLICY,
+                             M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
 from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
                        TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
-from ._validate import MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length
+from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
+                        check_policy)
 from .batch import as_batches, map_batches, pack_one, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
@@ -33,6 +34,7 @@ _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
 _INT64 = np.dtype(np.int64)
 _new = tuple.__new__
+
 _NONE_EVICTED = {False: EvictResult(0, None), True: EvictResult(0, _EMPTY)}
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
@@ -74,7 +76,7 @@ class PrefixCache(ServingMixin, TreeCache):
     """
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
-                 count_inflight=False):
+                 count_inflight=False, eviction_policy="lru"):
         page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
@@ -87,7 +89,9 @@ class PrefixCache(ServingMixin, TreeCache):
         # is refused even when its node id and generation happen to match
         self._salt = secrets.randbits(32)
         self._init_lock()
+        policy = check_policy(eviction_policy)
         self._s = TreeStorage(dtype, values=values, track=True, page_size=page_size)
+        self._s.meta[M_POLICY] = policy
         self._ns_keys = [0]       # namespace number -> key, in order of first use
         self._ns_number = {0: 0}  # key -> namespace number
         self._roots = {0: self._s.root}  # key -> root id: what the arrays say, cached
@@ -96,6 +100,15 @@ class PrefixCache(ServingMixin, TreeCache):
     @property
     def capacity(self):
         return self._capacity
+
+    @property
+    def eviction_policy(self):
+        """What ``evict`` frees first: ``"lru"`` (least recently used),
+        ``"lfu"`` (fewest inserts reached the node, ties least recent),
+        ``"fifo"`` / ``"filo"`` (oldest / newest node), ``"mru"`` (most
+        recently used) or ``"priority"`` (lowest ``insert(priority=)`` of the
+        requests that reached the node, ties least recent)."""
+        return POLICIES[int(self._s.meta[M_POLICY])]
 
     @property
     def page_size(self):
@@ -287,7 +300,7 @@ class PrefixCache(ServingMixin, TreeCache):
               plan=lambda st, tokens, nodes: (0, max(nodes, len(b) - int(cursor[0]))))
 
     # ------------------------------------------------------------ mutation
-    def insert(self, tokens, values=None, namespace=None):
+    def insert(self, tokens, values=None, namespace=None, priority=0):
         """Cache ``tokens`` (whole pages) with their ``values``:
         ``InsertResult(cached, node, evicted)``.
 
@@ -296,8 +309,12 @@ class PrefixCache(ServingMixin, TreeCache):
         handle of the node the sequence ends at. ``evicted``: what making room
         under ``capacity`` freed, as an ``EvictResult``. Raises
         ``CacheFullError`` (changing nothing) when locked tokens leave no room.
+        ``priority``: the request's priority (``eviction_policy="priority"``:
+        a node keeps the highest priority of the inserts that reached it).
         """
         s = self._s
+        if priority:
+            self._check_priority(priority)
         if s.readonly:
             self._writable()
         q = as_tokens(tokens)
@@ -323,10 +340,10 @@ class PrefixCache(ServingMixin, TreeCache):
             if root < 0:
                 root, ns = self._root(namespace)
             status, cached, v, gen, freed = KP.pc_insert_one(s.D, s.like, root, ns, q, n, vals,
-                                                             self._page, cap, out)
+                                                             self._page, cap, out, priority)
             if status == ROOM:
                 status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
-                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out))
+                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority))
             if status == FULL:
                 raise self._full(n)
             if root < 0:
@@ -334,7 +351,7 @@ class PrefixCache(ServingMixin, TreeCache):
         return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v,
                                    self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]))
 
-    def insert_batch(self, batch, values=None, namespace=None):
+    def insert_batch(self, batch, values=None, namespace=None, priority=0):
         """``insert`` of every sequence of ``batch`` in one call: returns
         ``(cached, evicted)``, an int64 array (leading tokens already cached
         per sequence; -1 where a sequence could not fit under the capacity
@@ -352,6 +369,8 @@ class PrefixCache(ServingMixin, TreeCache):
         """
         s = self._s
         self._writable()
+        if priority:
+            self._check_priority(priority)
         b = pack_one(batch)
         if s.narrow:
             check_fits(b.flat, s.dtype)
@@ -383,12 +402,16 @@ class PrefixCache(ServingMixin, TreeCache):
                 self._roots_in_sync()
             cap = self._cap
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
-                                             cap, cursor, cached, out),
+                                             cap, cursor, cached, out, priority),
                   plan=lambda st, tokens, nodes: (
                       max(tokens, int(offsets[-1] - offsets[cursor[0]])),
                       max(nodes, 2 * (len(b) - int(cursor[0])))))
         freed = int(cursor[1])
         return cached, self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]
+
+    @staticmethod
+    def _check_priority(priority):
+        check_int("priority", priority, minimum=-PRIORITY_OFFSET, maximum=PRIORITY_OFFSET - 1)
 
     def _full(self, n):
         return CacheFullError(
@@ -503,6 +526,9 @@ class PrefixCache(ServingMixin, TreeCache):
                                   f"{s.count('tokens')} tokens the tree holds")
         if state.get("page_size", s.page_size) != s.page_size:
             raise TreeFormatError("the saved page size disagrees with the tree's")
+        if not 0 <= int(s.meta[M_POLICY]) < len(POLICIES):
+            raise TreeFormatError(f"the eviction policy number {int(s.meta[M_POLICY])} is not "
+                                  f"one of the {len(POLICIES)} policies")
         salt = state.get("handle_salt", 0)  # version 1: plain handles
         if type(salt) is not int or not 0 <= salt < 2**32:
             raise TreeFormatError(f"the saved handle salt {salt!r} is not a 32-bit int")

@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import radix_soa as rs
 from radix_soa import CacheFullError, PrefixCache
+from radix_soa._kernels.layout import POLICIES
 from radix_soa.baselines.reference_prefix import ReferencePrefixCache
 
 
@@ -340,10 +341,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     invariants hold after every step."""
 
     @initialize(page=st.sampled_from([1, 1, 2, 3]), capacity=st.sampled_from([None, 12, 30]),
-                values=st.booleans())
-    def setup(self, page, capacity, values):
-        self.pc = PrefixCache(capacity=capacity, page_size=page, values=values)
-        self.ref = ReferencePrefixCache(capacity=capacity, page_size=page, values=values)
+                values=st.booleans(), policy=st.sampled_from(POLICIES))
+    def setup(self, page, capacity, values, policy):
+        self.pc = PrefixCache(capacity=capacity, page_size=page, values=values,
+                              eviction_policy=policy)
+        self.ref = ReferencePrefixCache(capacity=capacity, page_size=page, values=values,
+                                        eviction_policy=policy)
         self.handles = []  # (ours, reference) pairs
         self.values = values
         self.next_value = 0
@@ -355,18 +358,18 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.next_value += len(toks)
         return v
 
-    @rule(toks=tokens, ns=st.sampled_from([0, "x"]))
-    def insert(self, toks, ns):
+    @rule(toks=tokens, ns=st.sampled_from([0, "x"]), priority=st.integers(-2, 2))
+    def insert(self, toks, ns, priority):
         vals = self._vals(toks)
         try:
-            ref = self.ref.insert(toks, values=vals, namespace=ns)
+            ref = self.ref.insert(toks, values=vals, namespace=ns, priority=priority)
         except CacheFullError:
             before = state(self.pc)
             with pytest.raises(CacheFullError):
-                self.pc.insert(toks, values=vals, namespace=ns)
+                self.pc.insert(toks, values=vals, namespace=ns, priority=priority)
             assert same_state(before, state(self.pc))
             return
-        ours = self.pc.insert(toks, values=vals, namespace=ns)
+        ours = self.pc.insert(toks, values=vals, namespace=ns, priority=priority)
         assert ours.cached == ref.cached
         self.handles.append((ours.node, ref.node))
 

@@ -48,11 +48,13 @@ requests = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=1
 
 
 @given(requests, st.sampled_from([None, 0, 3, 8, 20]), st.sampled_from([None, 0, 5, 30]),
-       st.sampled_from([1, 2]), st.sampled_from(["fcfs", "lpm", "dfs"]), st.integers(1, 5))
-def test_compiled_replay_equals_the_reference(reqs, capacity, host, page, schedule, window):
+       st.sampled_from([1, 2]), st.sampled_from(["fcfs", "lpm", "dfs"]), st.integers(1, 5),
+       st.sampled_from(["lru", "lru", "lfu", "fifo", "mru", "filo", "priority"]))
+def test_compiled_replay_equals_the_reference(reqs, capacity, host, page, schedule, window,
+                                              policy):
     trace = small_trace([r for r, _ in reqs], [ns for _, ns in reqs])
     kw = dict(capacity=capacity, host_capacity=host, page_size=page, schedule=schedule,
-              window=window)
+              window=window, eviction_policy=policy)
     same(replay(trace, **kw), replay_reference(trace, **kw))
 
 

@@ -1,11 +1,14 @@
-"""The LRU heap: a binary min-heap of evictable leaves (unlocked, childless,
-non-root) keyed by ``(stamp, id)``; ``hpos[v]`` is v's slot or -1.
+"""The eviction heap: a binary min-heap of evictable leaves (unlocked,
+childless, non-root) keyed by ``(stamp, id)``; ``hpos[v]`` is v's slot or -1.
+``stamp`` is the eviction policy's key (see ``layout``): ``key_on_access``,
+``key_on_insert`` and ``key_on_create`` compute it, ``rekey`` moves a node.
 
 Arrays: ``heap`` and ``hpos`` int32 per node, ``stamp`` int64 per node,
 ``meta[M_HEAP_SIZE]`` the entries in use (all allocated by storage)."""
 
 from .config import kernel
-from .layout import M_HEAP_SIZE
+from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
+                     P_LFU, P_LRU, P_MRU, P_PRIORITY, PRIORITY_OFFSET)
 
 
 @kernel
@@ -72,8 +75,64 @@ def heap_remove(heap, hpos, stamp, meta, v):
 
 
 @kernel
-def touch(heap, hpos, stamp, meta, v, clock):
-    """Refresh ``v``'s access time (a later time: it can only sink)."""
-    stamp[v] = clock
-    if hpos[v] >= 0:
+def key_on_access(meta, old, clock):
+    """The key of a node a match (or an insert) passes at tick ``clock``."""
+    p = meta[M_POLICY]
+    if p == P_LRU:
+        return clock
+    if p == P_MRU:
+        return -clock
+    if p == P_FIFO or p == P_FILO:
+        return old
+    return ((old >> CLOCK_BITS) << CLOCK_BITS) | clock  # lfu, priority: keep the high part
+
+
+@kernel
+def key_on_insert(meta, old, clock):
+    """The key of an existing node an insert reaches: lfu counts a hit,
+    priority keeps the highest priority; the rest as an access."""
+    p = meta[M_POLICY]
+    if p == P_LFU:
+        hits = old >> CLOCK_BITS
+        if hits < MAX_HITS:
+            hits += 1
+        return (hits << CLOCK_BITS) | clock
+    if p == P_PRIORITY:
+        prio = max(old >> CLOCK_BITS, meta[M_PRIORITY] + PRIORITY_OFFSET)
+        return (prio << CLOCK_BITS) | clock
+    return key_on_access(meta, old, clock)
+
+
+@kernel
+def key_on_create(meta, clock):
+    """The key of a node an insert creates at tick ``clock``."""
+    p = meta[M_POLICY]
+    if p == P_MRU or p == P_FILO:
+        return -clock
+    if p == P_LFU:
+        return (1 << CLOCK_BITS) | clock
+    if p == P_PRIORITY:
+        return ((meta[M_PRIORITY] + PRIORITY_OFFSET) << CLOCK_BITS) | clock
+    return clock
+
+
+@kernel
+def rekey(heap, hpos, stamp, meta, v, key):
+    """Give ``v`` the key ``key``, moving it in the heap either way."""
+    stamp[v] = key
+    i = hpos[v]
+    if i >= 0:
+        heap_sift_up(heap, hpos, stamp, i)
         heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], hpos[v])
+
+
+@kernel
+def touch(heap, hpos, stamp, meta, v, clock):
+    """``v`` is accessed at tick ``clock`` (a match or ``touch`` passes it)."""
+    rekey(heap, hpos, stamp, meta, v, key_on_access(meta, stamp[v], clock))
+
+
+@kernel
+def touch_insert(heap, hpos, stamp, meta, v, clock):
+    """An insert at tick ``clock`` reaches the existing node ``v``."""
+    rekey(heap, hpos, stamp, meta, v, key_on_insert(meta, stamp[v], clock))

@@ -71,6 +71,8 @@ M_QUERY_TOKENS = 17
 M_HIT_TOKENS = 18
 M_NEW_TOKENS = 19   # tokens insert added (not already cached)
 M_EVICTED_TOKENS = 20
+M_POLICY = 21       # eviction policy (P_* below) of the prefix cache
+M_PRIORITY = 22     # priority of the insert in progress (policy "priority")
 META_SIZE = 32
 STAT_SLOTS = {"lookups": M_LOOKUPS, "query_tokens": M_QUERY_TOKENS, "hit_tokens": M_HIT_TOKENS,
               "inserted_tokens": M_NEW_TOKENS, "evicted_tokens": M_EVICTED_TOKENS}
@@ -92,6 +94,18 @@ DONE = 0
 ROOM = 1
 FULL = 2            # cannot fit under the capacity even after evicting all else
 STALE = 3           # a node handle whose node is gone (the lock kernel)
+
+# Eviction policies: the heap orders evictable leaves by one int64 key per
+# node (``stamp``), lowest first, ties by node id. Each policy packs what it
+# scores into the key: lru the last access tick, mru its negation, fifo/filo
+# the creation tick (or its negation), lfu ``hits << CLOCK_BITS | last``,
+# priority ``(priority + PRIORITY_OFFSET) << CLOCK_BITS | last``.
+P_LRU, P_LFU, P_FIFO, P_MRU, P_FILO, P_PRIORITY = range(6)
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+CLOCK_BITS = 40                 # ticks a packed key can hold (lfu, priority)
+CLOCK_MASK = (1 << CLOCK_BITS) - 1
+MAX_HITS = (1 << 22) - 1        # lfu hit counts saturate here
+PRIORITY_OFFSET = 1 << 21       # priorities lie in [-2^21, 2^21)
 
 # Lock counts are int32. A user lock stops one short of the int32 maximum so
 # that the guard lock an insert takes on its own path always fits.

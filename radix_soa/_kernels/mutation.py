@@ -11,7 +11,7 @@ handles stay valid) and gives the upper part a new id.
 from .config import kernel
 from .descent import descend
 from .directory import tree_at
-from .heap import heap_push, heap_remove, touch
+from .heap import heap_push, heap_remove, key_on_create, key_on_insert, touch_insert
 from .layout import (CXOR, DONE, FREE, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_DEAD_TOKENS,
                      M_FREE_COUNT, M_FREE_HEAD, M_NODES, M_NODE_END, M_ROOTS, M_TERMINALS,
                      M_TOKENS, M_TOKENS_INSERTED, M_TOK_USED, NCHILD, NO_NODE, OWN, PARENT,
@@ -151,7 +151,7 @@ def new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
         heap, hpos, stamp = T[HEAP], T[HPOS], T[STAMP]
         T[LOCK][x] = 0
         T[OWN][x] = 0
-        stamp[x] = clock
+        stamp[x] = key_on_create(meta, clock)
         hpos[x] = -1
         if was_leaf and hpos[v] >= 0:
             heap_remove(heap, hpos, stamp, meta, v)
@@ -169,12 +169,12 @@ def extend(T, root, v, c, k, pos, q, qs, qn, vals, vs, page, track, clock):
         # refresh the matched path, deepest last (it may be a heap leaf)
         w = v
         while w != root:
-            touch(T[HEAP], T[HPOS], T[STAMP], T[META], w, clock)
+            touch_insert(T[HEAP], T[HPOS], T[STAMP], T[META], w, clock)
             w = T[PARENT][w]
     if c != NO_NODE:
-        v = split(T, c, k, page, track)
+        v = split(T, c, k, page, track)  # the upper part starts with the lower's key
         if track:
-            T[STAMP][v] = clock
+            T[STAMP][v] = key_on_insert(T[META], T[STAMP][v], clock)
         pos += k
     if pos < qn:
         v = new_leaf(T, v, q, qs + pos, qn - pos, vals, vs + pos, page, track, clock)

@@ -16,9 +16,9 @@ from .directory import tree_at
 from .heap import heap_push, heap_remove, heap_sift_down, touch
 from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
                      M_DEAD_TOKENS, M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS,
-                     M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_QUERY_TOKENS, M_ROOTS, M_TOKENS,
-                     M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, ROOM, STALE, STAMP, START,
-                     TABLE, TOKENS, VALUES)
+                     M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_PRIORITY, M_QUERY_TOKENS, M_ROOTS,
+                     M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, ROOM, STALE, STAMP,
+                     START, TABLE, TOKENS, VALUES)
 from .mutation import copy_run, extend, free_node, make_root, split, unlink
 from .table import has_room, need_room
 
@@ -182,14 +182,23 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
 
 
 @kernel
-def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out):
+def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority):
     """``PrefixCache.insert`` of ``q[:n]`` with ``insert_capped`` on the tree
     at directory ``D``; ``root < 0``: namespace number ``ns`` has no root
     yet, and it is made here unless the insert cannot fit.
 
     Returns ``(status, cached, node, generation, freed)``. ``ROOM`` or
-    ``FULL``: nothing changed."""
+    ``FULL``: nothing changed. ``priority``: the request's, for the
+    ``priority`` policy (held in meta for the call only)."""
     T = tree_at(D, like)
+    T[META][M_PRIORITY] = priority
+    result = _insert_one(T, root, ns, q, n, vals, page, cap, out)
+    T[META][M_PRIORITY] = 0
+    return result
+
+
+@kernel
+def _insert_one(T, root, ns, q, n, vals, page, cap, out):
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
@@ -232,7 +241,8 @@ def pc_lock(T, node, delta):
 
 
 @kernel
-def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cached, out):
+def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cached, out,
+                    priority):
     """``PrefixCache.insert_batch``: ``insert_capped`` of sequences
     ``cursor[0]..`` of a CSR batch (values ``vflat`` parallel to ``flat``, or
     empty), evicted values appended to ``out`` from ``cursor[1]`` (``out`` as
@@ -241,6 +251,14 @@ def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cach
     cannot fit under ``cap`` (skipped). Returns ``ROOM`` with the cursor at
     the sequence to resume, else ``DONE``."""
     T = tree_at(D, like)
+    T[META][M_PRIORITY] = priority
+    status = _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out)
+    T[META][M_PRIORITY] = 0
+    return status
+
+
+@kernel
+def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out):
     meta = T[META]
     while cursor[0] < offsets.shape[0] - 1:
         i = cursor[0]

@@ -31,8 +31,9 @@ Semantics in short (the docstrings of the methods are precise):
 - each namespace has its own root; eviction is one LRU over all of them;
 - a match or insert that ends inside a node splits it; the lower part keeps
   its identity, the new upper part takes its lock count and stamp;
-- ``evict`` trims tokens from the tail of the least recently used unlocked
-  leaf, repeatedly, and never merges nodes.
+- ``evict`` trims tokens from the tail of the unlocked leaf the eviction policy
+  scores lowest (``lru``: the least recently used; see ``_POLICY_KEYS``),
+  repeatedly, and never merges nodes.
 """
 
 import heapq
@@ -50,10 +51,22 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
 
-class _Node:
-    __slots__ = ("edge", "values", "children", "parent", "lock", "own", "stamp", "order")
+# what each eviction policy evicts first: the lowest score (ties: creation order)
+_POLICY_KEYS = {
+    "lru": lambda v: v.stamp,
+    "lfu": lambda v: (v.hits, v.stamp),
+    "fifo": lambda v: v.created,
+    "mru": lambda v: -v.stamp,
+    "filo": lambda v: -v.created,
+    "priority": lambda v: (v.priority, v.stamp),
+}
 
-    def __init__(self, edge, values, parent, stamp, order):
+
+class _Node:
+    __slots__ = ("edge", "values", "children", "parent", "lock", "own", "stamp", "order",
+                 "created", "hits", "priority")
+
+    def __init__(self, edge, values, parent, stamp, order, created=0, hits=0, priority=0):
         self.edge = edge          # tuple of ints, a positive multiple of page_size long
         self.values = values      # int64 array parallel to edge, or None
         self.children = {}        # first page (token when page_size == 1) -> _Node
@@ -61,7 +74,11 @@ class _Node:
         self.lock = 0             # outstanding locks on this node and its descendants
         self.own = 0              # outstanding locks taken on this node itself
         self.stamp = stamp        # clock value of the last insert/match through this node
-        self.order = order        # creation order: the LRU tie-break
+        self.order = order        # creation order: the tie-break
+        self.created = created    # clock of the insert that created it (a split's upper
+        #                           part: the lower part's)
+        self.hits = hits          # inserts that reached it (lfu)
+        self.priority = priority  # highest priority of the inserts that reached it
 
     def __repr__(self):
         head = ", ".join(map(str, self.edge[:4])) + (", ..." if len(self.edge) > 4 else "")
@@ -78,7 +95,10 @@ class ReferencePrefixCache:
     ``values``: keep one int64 value (a KV slot id) per cached token.
     """
 
-    def __init__(self, capacity=None, page_size=1, values=True):
+    def __init__(self, capacity=None, page_size=1, values=True, eviction_policy="lru"):
+        if eviction_policy not in _POLICY_KEYS:
+            raise ValueError(f"eviction_policy must be one of {', '.join(_POLICY_KEYS)}")
+        self._score = _POLICY_KEYS[eviction_policy]
         page_size = operator.index(page_size)
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1; got {page_size}")
@@ -200,7 +220,7 @@ class ReferencePrefixCache:
         its parent; ``x`` keeps the rest (and its identity). Returns the new node."""
         self._created += 1
         up = _Node(x.edge[:k], None if x.values is None else x.values[:k],
-                   x.parent, x.stamp, self._created)
+                   x.parent, x.stamp, self._created, x.created, x.hits, x.priority)
         up.lock = x.lock
         key = self._key(x.edge)
         x.edge = x.edge[k:]
@@ -286,7 +306,7 @@ class ReferencePrefixCache:
         return [self._match(root, t, raw).length for t, raw in queries]
 
     # ------------------------------------------------------------ insert
-    def insert(self, tokens, values=None, namespace=0):
+    def insert(self, tokens, values=None, namespace=0, priority=0):
         """Cache the page-aligned part of ``tokens`` with one value per token.
 
         Ticks the clock. Tokens already cached keep their values (first writer
@@ -319,14 +339,16 @@ class ReferencePrefixCache:
         if cached < n:
             self._created += 1
             leaf = _Node(t[cached:], None if vals is None else vals[cached:n].copy(),
-                         node, now, self._created)
+                         node, now, self._created, created=now, priority=priority)
             node.children[t[cached] if self._page == 1 else t[cached:cached + self._page]] = leaf
             self._num_nodes += 1
             self._total += n - cached
             node = leaf
         end = node
-        while node.parent is not None:
+        while node.parent is not None:  # every node the insert reaches (the new leaf too)
             node.stamp = now
+            node.hits += 1
+            node.priority = max(node.priority, priority)
             node = node.parent
         self._stats["inserted_tokens"] += n - cached
         return InsertResult(cached, end, evicted)
@@ -409,7 +431,7 @@ class ReferencePrefixCache:
             if node.children:
                 stack.extend(node.children.values())
             elif node.lock == 0 and node.parent is not None:
-                out.append((node.stamp, node.order, node))
+                out.append((self._score(node), node.order, node))
         return out
 
     def _evict(self, n):
@@ -435,7 +457,7 @@ class ReferencePrefixCache:
                 leaf.parent = None
                 self._num_nodes -= 1
                 if parent.parent is not None and not parent.children and parent.lock == 0:
-                    heapq.heappush(heap, (parent.stamp, parent.order, parent))
+                    heapq.heappush(heap, (self._score(parent), parent.order, parent))
             self._total -= freed
             self._stats["evicted_tokens"] += freed
         values = None

@@ -36,7 +36,7 @@ def _requests(trace):
 
 
 def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
-                     window=DEFAULT_WINDOW):
+                     window=DEFAULT_WINDOW, eviction_policy="lru"):
     """Replay like ``radix_soa.replay``; returns a ``ReferenceReplay`` with
     the implementation-independent fields of its result (``hits``,
     ``host_hits``, ``order``, ``rejected`` per request, ``evicted_tokens``,
@@ -50,7 +50,8 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
     n = len(offsets) - 1
     seqs = [tuple(flat[offsets[i]:offsets[i + 1]].tolist()) for i in range(n)]
     has_host = host_capacity is not None
-    dev = ReferencePrefixCache(capacity=capacity, page_size=page_size, values=has_host)
+    dev = ReferencePrefixCache(capacity=capacity, page_size=page_size, values=has_host,
+                               eviction_policy=eviction_policy)
     host = ReferencePrefixCache(capacity=host_capacity, page_size=page_size, values=False)
     hits = np.zeros(n, np.int64)
     host_hits = np.zeros(n, np.int64)

@@ -21,7 +21,8 @@ import numpy as np
 
 from .._kernels import replay as KR
 from .._storage import TreeStorage, resume
-from .._validate import check_int
+from .._kernels.layout import M_POLICY
+from .._validate import check_int, check_policy
 from ..batch import as_batches, pack
 from .traces import Trace
 
@@ -105,8 +106,8 @@ def _as_trace(trace):
 
 
 def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
-           window=DEFAULT_WINDOW):
-    """Replay ``trace`` against an LRU prefix cache of ``capacity`` tokens.
+           window=DEFAULT_WINDOW, eviction_policy="lru"):
+    """Replay ``trace`` against a prefix cache of ``capacity`` tokens.
 
     ``trace``: a ``radix_soa.studies.traces.Trace`` (its namespaces are kept apart)
     or anything ``radix_soa.pack`` takes (one namespace). ``capacity`` is in
@@ -124,8 +125,9 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
       ``hit_rate`` = device hits / all ids; ``request_hit_rate`` = share of
       requests with any device hit; ``prefill_tokens_saved`` converts hits to
       tokens (``hits * block_size``, at most each request's input tokens).
-    - then the request is inserted; the cache first evicts least recently
-      used leaf tails to stay within ``capacity`` (never the request's own
+    - then the request is inserted; the cache first evicts leaf tails in the
+      order of ``eviction_policy`` (``"lru"`` by default; any policy of
+      ``PrefixCache``: priorities are all 0 in a replay) to stay within ``capacity`` (never the request's own
       prefix); a request whose new ids cannot fit even then is not cached at
       all (``rejected``), so hit rates are 0 below the largest request's new
       ids (simulators that admit single blocks differ there).
@@ -146,6 +148,7 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}; got {schedule!r}")
     page = check_int("page_size", page_size, minimum=1)
     window = check_int("window", window, minimum=1)
+    policy = check_policy(eviction_policy)
     cap = -1 if capacity is None else check_int("capacity", capacity, minimum=0)
     hcap = -1 if host_capacity is None else check_int("host_capacity", host_capacity, minimum=0)
     has_host = host_capacity is not None
@@ -159,6 +162,7 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
 
     t0 = time.perf_counter()
     dev = TreeStorage(np.int64, values=has_host, track=True, page_size=page)
+    dev.meta[M_POLICY] = policy
     host = TreeStorage(np.int64, values=False, track=True, page_size=page)
     roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
     positions = np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0]

@@ -1,0 +1,81 @@
+"""Eviction policies: each one's order on a small example worked out by hand
+(SGLang's scoring), argument checks, persistence and the replay. The
+stateful machine in test_prefix_cache compares every policy with the
+reference at random."""
+
+import numpy as np
+import pytest
+
+import radix_soa as rs
+from radix_soa import PrefixCache, TreeFormatError
+from radix_soa._kernels.layout import M_POLICY, POLICIES
+from radix_soa.baselines.reference_prefix import ReferencePrefixCache
+
+
+def scenario(cache):
+    """[1,2,3] (priority 1, reached by two inserts), [5,6], then [1,2,3,4]
+    and a match of [5,6]: leaves [4] and [5,6]; evict 2 tokens."""
+    cache.insert([1, 2, 3], values=[1, 2, 3], priority=1)
+    cache.insert([5, 6], values=[5, 6])
+    cache.insert([1, 2, 3, 4], values=[1, 2, 3, 4])
+    cache.match([5, 6])
+    return cache.evict(2).values.tolist()
+
+
+# by hand: ticks 1..4 for the four calls
+EXPECTED = {
+    "lru": [4, 3],       # [4] last used at 3, then [1,2,3] (3) before [5,6] (4)
+    "lfu": [4, 6],       # [4] 1 hit, [5,6] 1 hit (newer), [1,2,3] 2 hits
+    "fifo": [5, 6],      # created at 2, before [4] (3)
+    "mru": [5, 6],       # used last (4)
+    "filo": [4, 6],      # [4] created last (3), then [5,6] (2) before [1,2,3] (1)
+    "priority": [4, 6],  # [4] and [5,6] priority 0, [1,2,3] 1
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_evicts_in_its_order(policy):
+    pc = PrefixCache(eviction_policy=policy)
+    assert pc.eviction_policy == policy
+    assert scenario(pc) == EXPECTED[policy]
+    assert scenario(ReferencePrefixCache(eviction_policy=policy)) == EXPECTED[policy]
+    pc.check_invariants()
+
+
+def test_policy_and_priority_arguments_are_checked():
+    with pytest.raises(ValueError, match="eviction_policy must be one of lru, lfu"):
+        PrefixCache(eviction_policy="random")
+    pc = PrefixCache(eviction_policy="priority")
+    with pytest.raises(OverflowError, match="priority"):
+        pc.insert([1], values=[1], priority=2**40)
+    with pytest.raises(TypeError, match="priority"):
+        pc.insert([1], values=[1], priority=1.5)
+    with pytest.raises(ValueError, match="eviction_policy"):
+        rs.replay([[1, 2]], eviction_policy="lifo")
+    assert pc.total_tokens == 0
+
+
+def test_the_policy_is_saved_and_checked_on_load(tmp_path):
+    pc = PrefixCache(capacity=10, eviction_policy="mru")
+    pc.insert([1, 2], values=[1, 2])
+    pc.save(tmp_path / "t")
+    assert PrefixCache.load(tmp_path / "t").eviction_policy == "mru"
+    assert PrefixCache.load(tmp_path / "t", mmap=True).eviction_policy == "mru"
+    pc.reset()
+    assert pc.eviction_policy == "mru"
+
+    from test_save_load import edit_array  # checksums recomputed: only the value is wrong
+
+    edit_array(tmp_path / "t", "meta", lambda m: np.where(np.arange(len(m)) == M_POLICY, 9, m))
+    with pytest.raises(TreeFormatError, match="eviction policy"):
+        PrefixCache.load(tmp_path / "t")
+
+
+def test_policies_change_what_a_replay_keeps():
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(0, 50, size=20)) for _ in range(30)]
+    seqs = [prompts[int(i)] + [int(x)] for i, x in zip(rng.zipf(1.5, 600) % 30,
+                                                          rng.integers(100, 200, 600))]
+    rates = {p: rs.replay(seqs, capacity=200, eviction_policy=p).hit_rate for p in POLICIES}
+    assert len(set(rates.values())) > 1  # the policy is really used
+    assert rates["lru"] == rs.replay(seqs, capacity=200).hit_rate
