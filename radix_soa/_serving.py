@@ -121,7 +121,7 @@ class ServingMixin:
             m = self.match(q, namespace)
             self.lock(m.node)
             need = 0
-            evicted = self._NONE_EVICTED()
+            evicted = self._nothing_evicted()
             if self._count_inflight:
                 need = q.shape[0] - m.length if reserve is None else self._check_reserve(reserve)
                 try:
@@ -217,10 +217,10 @@ class ServingMixin:
 
     def _make_inflight_room(self, need):
         if self._capacity is None:
-            return self._NONE_EVICTED()
+            return self._nothing_evicted()
         over = self.total_tokens + self._inflight + need - self._capacity
         if over <= 0:
-            return self._NONE_EVICTED()
+            return self._nothing_evicted()
         if over > self.evictable_tokens:
             raise CacheFullError(
                 f"no room to reserve {need} tokens: capacity {self._capacity}, "
@@ -232,7 +232,7 @@ class ServingMixin:
         if self._capacity is not None:
             self._cap = max(0, self._capacity - self._inflight)
 
-    def _NONE_EVICTED(self):
+    def _nothing_evicted(self):
         return EvictResult(0, np.empty(0, np.int64) if self._s.has_values else None)
 
     @property
@@ -286,7 +286,7 @@ class ServingMixin:
                 self._drain_readers()
             root, _ = self._root(namespace, create=False)
             if root < 0:
-                return self._NONE_EVICTED()
+                return self._nothing_evicted()
             s = self._s
             order = self._subtree_deepest_first(root)
             if order.size and int(s.lock[order].max()) > 0:
