@@ -31,7 +31,8 @@ class Request:
     holds in flight (counted against the capacity when the cache has
     ``count_inflight=True``) and what making that room ``evicted``."""
 
-    __slots__ = ("node", "cached", "values", "namespace", "reserved", "evicted", "open")
+    __slots__ = ("node", "cached", "values", "namespace", "reserved", "evicted", "open", "owner",
+                 "epoch")
 
     def __init__(self, node, cached, values, namespace, reserved, evicted):
         self.node = node
@@ -41,6 +42,8 @@ class Request:
         self.reserved = reserved
         self.evicted = evicted
         self.open = True
+        self.owner = None  # the cache and its reset count, set by begin
+        self.epoch = 0
 
     def __repr__(self):
         state = "open" if self.open else "closed"
@@ -113,17 +116,23 @@ class ServingMixin:
         With ``count_inflight=True`` the request also reserves ``reserve``
         tokens (default: its uncached tokens) against the capacity, evicting
         what it must (``Request.evicted``: free those slots) or raising
-        ``CacheFullError`` (nothing changed) when locked tokens leave no
-        room. Returns a ``Request`` for ``checkpoint``/``finish``/``abort``.
+        ``CacheFullError`` when locked tokens leave no room (the match has
+        then counted as a lookup; nothing stays locked or reserved).
+        Returns a ``Request`` for ``checkpoint``/``finish``/``abort``.
         """
+        self._writable()
         q = as_tokens(tokens)
+        if reserve is not None:
+            reserve = self._check_reserve(reserve)
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             m = self.match(q, namespace)
             self.lock(m.node)
             need = 0
             evicted = self._nothing_evicted()
             if self._count_inflight:
-                need = q.shape[0] - m.length if reserve is None else self._check_reserve(reserve)
+                need = q.shape[0] - m.length if reserve is None else reserve
                 try:
                     evicted = self._make_inflight_room(need)
                 except BaseException:
@@ -131,7 +140,9 @@ class ServingMixin:
                     raise
                 self._inflight += need
                 self._sync_cap()
-        return Request(m.node, m.length, m.values, namespace, need, evicted)
+            request = Request(m.node, m.length, m.values, namespace, need, evicted)
+            request.owner, request.epoch = self, self._epoch
+        return request
 
     def checkpoint(self, request, tokens, values):
         """Chunked prefill: cache what ``request`` has computed so far
@@ -139,11 +150,13 @@ class ServingMixin:
         node. Returns the slots the caller must free now: values of tokens
         someone else cached first (duplicates). The partial last page stays
         the request's."""
-        self._check_open(request)
         with self._lock:
+            if self._readers:
+                self._drain_readers()
+            self._check_open(request)
             r, free = self._cache_request(request, tokens, values, keep_partial=True)
             self.lock(r.node)
-            self.unlock(request.node)
+            self._release_lock(request)
             request.node = r.node
             grown = max(0, r.cached_total - request.cached)
             request.cached = max(request.cached, r.cached_total)
@@ -161,19 +174,29 @@ class ServingMixin:
         ``free`` holds the slots the caller must free (duplicates of tokens
         already cached, and the partial last page), ``evicted`` what making
         room freed (free those too)."""
-        self._check_open(request)
         with self._lock:
+            if self._readers:
+                self._drain_readers()
+            self._check_open(request)
             r, free = self._cache_request(request, tokens, values)
-            self.unlock(request.node)
+            self._release_lock(request)
             self._close(request)
         return Finished(r.cached, r.node, free, r.evicted)
 
     def abort(self, request):
         """Release ``request``'s lock and reservation without caching it."""
-        self._check_open(request)
         with self._lock:
-            self.unlock(request.node)
+            if self._readers:
+                self._drain_readers()
+            self._check_open(request)
+            self._release_lock(request)
             self._close(request)
+
+    def _release_lock(self, request):
+        # a request that matched nothing holds its namespace root's handle:
+        # nothing is locked, and the root may be gone (drop_namespace)
+        if request.cached > 0:
+            self.unlock(request.node)
 
     def _cache_request(self, request, tokens, values, keep_partial=False):
         q = as_tokens(tokens)
@@ -183,7 +206,8 @@ class ServingMixin:
             self._inflight -= request.reserved
             self._sync_cap()
         try:
-            r = self.insert(q, values=vals if vals.shape[0] else None, namespace=request.namespace)
+            r = self.insert(q, values=vals if self._s.has_values else None,
+                            namespace=request.namespace)
         finally:
             if self._count_inflight:
                 self._inflight += request.reserved
@@ -203,10 +227,14 @@ class ServingMixin:
         request.reserved = 0
         request.open = False
 
-    @staticmethod
-    def _check_open(request):
+    def _check_open(self, request):
         if not isinstance(request, Request):
             raise TypeError(f"request must be a Request from begin(); got {type(request).__name__}")
+        if request.owner is not self:
+            raise ValueError("this request belongs to another cache")
+        if request.epoch != self._epoch:
+            request.open = False  # reset() released its lock and reservation
+            raise ValueError("this request was begun before a reset() of the cache")
         if not request.open:
             raise ValueError("this request was finished or aborted already")
 
@@ -258,6 +286,7 @@ class ServingMixin:
             self._ns_number = {0: 0}
             self._roots = {0: fresh.root}
             self._inflight = 0
+            self._epoch += 1  # open requests are void
             self._sync_cap()
 
     def reset_stats(self):
@@ -273,7 +302,8 @@ class ServingMixin:
         """Remove every token cached under ``namespace`` (and the namespace):
         ``EvictResult`` with the removed tokens' values (free those slots).
         ``ValueError`` (nothing changed) while any of its paths is locked;
-        an unknown namespace drops nothing.
+        an unknown namespace drops nothing; the default namespace is emptied
+        but stays.
 
         >>> from radix_soa import PrefixCache
         >>> pc = PrefixCache(); _ = pc.insert([1, 2], values=[7, 8], namespace="a")
@@ -293,8 +323,11 @@ class ServingMixin:
                 raise ValueError(f"namespace {namespace!r} has locked paths; unlock them first")
             total = int(s.length[order].astype(np.int64).sum())
             out = np.empty(total if s.has_values else 0, np.int64)
-            freed = KP.drop_subtree(s.D, s.like, root, order, self._page, out)
-            self._roots = {k: r for k, r in self._roots.items() if r != root}
+            keep = root == s.root  # the default namespace's root stays (node 0 is every
+            #                        cache's first root; unknown namespaces answer with it)
+            freed = KP.drop_subtree(s.D, s.like, root, order, self._page, out, keep)
+            if not keep:
+                self._roots = {k: r for k, r in self._roots.items() if r != root}
         return EvictResult(int(freed), out if s.has_values else None)
 
     def _subtree_deepest_first(self, root):
@@ -335,7 +368,8 @@ class ServingMixin:
 
     def to_text(self, tokens_shown=6, max_lines=200):
         """The tree as text, one node per line indented by depth: its first
-        tokens, span length, lock count and (leaves) recency stamp.
+        tokens, span length, lock count and (leaves) eviction key (``stamp``:
+        the last access tick under lru; see ``layout`` for the others).
 
         >>> from radix_soa import PrefixCache
         >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3], values=[0, 0, 0])

@@ -1,9 +1,10 @@
 """``PrefixCache``: RadixAttention semantics on the struct-of-arrays tree.
 
 The same arrays and kernels as ``RadixCache`` (``track=True`` adds lock
-counts, logical access stamps and an LRU heap of evictable leaves), with the
-semantics of SGLang's radix cache: per-token values (KV slot ids), locks that
-protect in-flight paths, LRU eviction of leaf tails under a capacity, pages
+counts, eviction keys and a heap of evictable leaves), with the semantics of
+SGLang's radix cache: per-token values (KV slot ids), locks that protect
+in-flight paths, eviction of leaf tails under a capacity (LRU or another
+policy), pages
 and namespaces.
 """
 
@@ -60,7 +61,9 @@ class PrefixCache(ServingMixin, TreeCache):
     (3, 0)
 
     ``capacity``: most tokens held (``None``: unbounded); an insert first
-    evicts least recently used tokens to fit. ``page_size``: tokens are
+    evicts to fit, in the order of ``eviction_policy`` (``"lru"`` by
+    default; see ``eviction_policy``). ``count_inflight``: the capacity also
+    counts what open requests (``begin``) reserve. ``page_size``: tokens are
     cached, matched and evicted in whole pages. ``values``: keep one int64
     value per token (False for studies that only count). ``dtype``: the
     token buffer's type (``np.int32`` halves it).
@@ -68,8 +71,9 @@ class PrefixCache(ServingMixin, TreeCache):
     Node handles (``Match.node``, ``InsertResult.node``) are ints that stay
     valid while the node lives; a handle to an evicted node is rejected.
 
-    Safe to share between threads: every call but ``match_length(_batch)``
-    holds the cache's lock; between two calls (``match`` then ``lock``)
+    Safe to share between threads (see ``radix_soa._base``): writes hold the
+    cache's lock, ``match_length`` reads without it and the batch reads
+    release the GIL; between two calls (``match`` then ``lock``)
     another thread may evict the node, and ``lock`` then raises
     ``ValueError``. An exception leaves the cache as it was or as the call
     made it (``match_batch``: a prefix of its matches done).
@@ -84,6 +88,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._cap = -1 if capacity is None else capacity  # what kernels take
         self._count_inflight = bool(count_inflight)
         self._inflight = 0
+        self._epoch = 0  # resets so far: a Request of an earlier epoch is void
         self._page = page_size
         # mixed into every handle's generation, so a handle of another cache
         # is refused even when its node id and generation happen to match
@@ -313,7 +318,7 @@ class PrefixCache(ServingMixin, TreeCache):
         a node keeps the highest priority of the inserts that reached it).
         """
         s = self._s
-        if priority:
+        if type(priority) is not int or priority:
             self._check_priority(priority)
         if s.readonly:
             self._writable()
@@ -359,7 +364,10 @@ class PrefixCache(ServingMixin, TreeCache):
         of everything making room freed.
 
         ``values``: a batch of the same shape (anything ``pack`` takes, e.g.
-        a ``(flat, offsets)`` pair), or None for a cache without values.
+        a ``(flat, offsets)`` pair), one value per token of every sequence
+        (``insert`` also takes the whole pages' values only; this does not),
+        or None for a cache without values. An empty batch creates no
+        namespace; a batch whose every sequence is refused still does.
         Everything is validated before anything is inserted.
 
         >>> pc = PrefixCache()
@@ -369,7 +377,7 @@ class PrefixCache(ServingMixin, TreeCache):
         """
         s = self._s
         self._writable()
-        if priority:
+        if type(priority) is not int or priority:
             self._check_priority(priority)
         b = pack_one(batch)
         if s.narrow:
@@ -396,6 +404,8 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            if not len(b):
+                return cached, _NONE_EVICTED[s.has_values]
             root, ns = self._root(namespace)
             if root < 0:
                 root = s.new_root(ns)
@@ -494,8 +504,8 @@ class PrefixCache(ServingMixin, TreeCache):
 
     def evict(self, num_tokens):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
-        are evictable) from the tails of the least recently used unlocked
-        leaves: ``EvictResult(num_tokens, values)`` with the freed values."""
+        are evictable) from the tails of the unlocked leaves the eviction
+        policy scores lowest (least recently used by default): ``EvictResult(num_tokens, values)`` with the freed values."""
         s = self._s
         if s.readonly:
             self._writable()
@@ -537,6 +547,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._cap = -1 if capacity is None else capacity
         self._count_inflight = bool(state.get("count_inflight", False))
         self._inflight = 0
+        self._epoch = 0
         self._page = s.page_size
         if "namespaces" in state:
             keys = state["namespaces"]
@@ -568,7 +579,7 @@ class PrefixCache(ServingMixin, TreeCache):
     def check_invariants(self, full=True):
         """Structure, lock accounting (``evictable + locked == total``, locked
         tokens = spans of locked nodes, locks never grow towards the root...)
-        and the LRU heap (exactly the unlocked leaves, in heap order)."""
+        and the eviction heap (exactly the unlocked leaves, in heap order)."""
         with self._lock:
             check_tree(self._s, full=full, canonical=False)
             if self.evictable_tokens + self.locked_tokens != self.total_tokens:

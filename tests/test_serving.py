@@ -264,3 +264,50 @@ def test_a_split_leaves_the_unmatched_lower_part_with_its_old_stamp():
     pc.match([1, 2, 9])  # splits [1, 2, 3, 4] into [1, 2] (stamped) and [3, 4] (not)
     assert pc.evict(2).values.tolist() == [3, 4]  # older than [7, 8]
     assert pc.evict(2).values.tolist() == [7, 8]
+
+
+def test_requests_are_void_after_a_reset_and_survive_a_dropped_namespace():
+    pc = PrefixCache(capacity=10, count_inflight=True)
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    r = pc.begin([1, 2, 3, 4])
+    pc.reset()
+    with pytest.raises(ValueError, match="before a reset"):
+        pc.checkpoint(r, [1, 2, 3], [7, 8, 9])
+    with pytest.raises(ValueError):
+        pc.finish(r, [1, 2, 3], [7, 8, 9])
+    assert pc.locked_tokens == 0 and pc.inflight_tokens == 0 and pc.total_tokens == 0
+    with pytest.raises(ValueError, match="another cache"):
+        PrefixCache().abort(pc.begin([5]))
+    # a request that matched nothing holds the namespace root, which may be dropped
+    pc.insert([9, 9], values=[0, 1], namespace="x")
+    r = pc.begin([4, 4, 4], namespace="x", reserve=3)
+    pc.drop_namespace("x")
+    pc.abort(r)
+    assert pc.inflight_tokens == 1  # only the request begun in the other cache's test above
+    pc.check_invariants()
+
+
+def test_dropping_the_default_namespace_empties_it_and_keeps_it():
+    pc = PrefixCache()
+    pc.insert([1, 2], values=[1, 2])
+    pc.insert([1, 3], values=[5, 6], namespace="x")
+    assert sorted(pc.drop_namespace(None).values.tolist()) == [1, 2]
+    assert pc.namespaces == [0, "x"] and pc.match_length([1, 3], namespace="x") == 2
+    pc.insert([1, 2], values=[1, 2])
+    assert pc.lock(pc.match([1], namespace="unknown").node) == 0  # a root: nothing of "x"
+    pc.check_invariants()
+
+
+def test_a_bad_begin_or_priority_changes_nothing():
+    pc = PrefixCache(count_inflight=True, eviction_policy="priority")
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    before = pc.stats
+    with pytest.raises(ValueError, match="reserve"):
+        pc.begin([1, 2, 3], reserve=-1)
+    with pytest.raises(TypeError, match="priority"):
+        pc.insert([4], values=[4], priority=None)
+    assert pc.stats == before and pc.locked_tokens == 0 and pc.total_tokens == 3
+    assert pc.insert_batch([], values=[], namespace="z")[0].tolist() == []
+    assert pc.namespaces == [0]
+    r = pc.begin([])
+    assert pc.finish(r, [], []).cached == 0  # an empty request on a cache with values

@@ -22,8 +22,8 @@ cxor       int32   XOR of the children's ids (the only child when nchild == 1)
 term       uint8   terminal bitmap, one bit per node
 table      int32   child hash table keyed by (parent, first page); -1 empty
 lock       int32   locks on the node's subtree (prefix cache; else empty)
-stamp      int64   logical access time (prefix cache)
-hpos       int32   position in the LRU heap, or -1 (prefix cache)
+stamp      int64   eviction key: the policy's score, lowest first (prefix cache)
+hpos       int32   position in the eviction heap, or -1 (prefix cache)
 heap       int32   binary min-heap of evictable leaves (prefix cache)
 gen        uint32  handle generation, bumped when the id is freed
 own        int32   locks taken on the node itself (prefix cache)
@@ -58,7 +58,7 @@ M_NODES = 4         # live non-root nodes (== filled table slots)
 M_TOKENS = 5        # tokens held in live node spans
 M_TERMINALS = 6     # terminal marks set
 M_DEAD_TOKENS = 7   # tokens in the buffer no live span covers
-M_HEAP_SIZE = 8     # entries in the LRU heap
+M_HEAP_SIZE = 8     # entries in the eviction heap
 M_LOCKED_TOKENS = 9  # tokens in nodes with lock > 0
 M_CLOCK = 10        # logical clock of the prefix cache
 M_ROOTS = 11        # namespace roots allocated

@@ -324,10 +324,11 @@ def pc_touch(D, like, v, gen):
 
 
 @kernel
-def drop_subtree(D, like, root, order, page, out):
+def drop_subtree(D, like, root, order, page, out, keep_root):
     """Remove every node of ``order`` (the non-root nodes under ``root``,
-    deepest first, none locked) and then ``root`` itself; their values go to
-    ``out`` (``sum of their lengths`` long). Returns the tokens removed."""
+    deepest first, none locked) and then ``root`` itself unless
+    ``keep_root``; their values go to ``out`` (``sum of their lengths``
+    long). Returns the tokens removed."""
     T = tree_at(D, like)
     values, start, length = T[VALUES], T[START], T[LENGTH]
     keep_values = values.shape[0] > 0
@@ -338,8 +339,9 @@ def drop_subtree(D, like, root, order, page, out):
             copy_run(out, done, values, start[x], length[x])
         done += length[x]
         unlink(T, x, page, True)
-    free_node(T, root, True)
-    T[META][M_ROOTS] -= 1
+    if not keep_root:
+        free_node(T, root, True)
+        T[META][M_ROOTS] -= 1
     return done
 
 
