@@ -10,6 +10,7 @@ import operator
 import re
 import struct
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def _list_tokens(seq):
         raise _element_error(seq) from exc
     # struct packs True/False as 1/0; only those positions can hold a bool,
     # so only they are type-checked (a BOS token of 1 costs one check).
-    found = count_zero_one(tokens) and has_bool(seq, tokens)
+    found = has_bool(seq, tokens)
     if found:
         i = found - 1
         raise TypeError(f"tokens must be integers; element {i} is bool {seq[i]!r} "
@@ -134,9 +135,15 @@ def _list_tokens(seq):
 _BOOLS = (bool, np.bool_)
 
 
-def has_bool(items, tokens):
+def has_bool(items, tokens, nested=False):
     """1 + the position of the first bool of list ``items`` (packed as
-    ``tokens``), or 0: only the positions packed as 0 or 1 are looked at."""
+    ``tokens``; ``nested``: a list of lists, packed one after another), or
+    0: only the positions packed as 0 or 1 are looked at (one kernel pass
+    finds whether there are any, before anything is flattened)."""
+    if not count_zero_one(tokens):
+        return 0
+    if nested:
+        items = list(chain.from_iterable(items))
     for i in np.flatnonzero(tokens.view(np.uint64) <= 1).tolist():
         if isinstance(items[i], _BOOLS):
             return i + 1

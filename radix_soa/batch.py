@@ -17,7 +17,6 @@ from itertools import chain
 import numpy as np
 
 from ._arrow import arrow_csr
-from ._kernels.scan import count_zero_one
 from ._sequence import as_tokens, has_bool
 
 _INT64 = np.dtype(np.int64)
@@ -208,7 +207,7 @@ def _pack_python(items):
     except (struct.error, TypeError, OverflowError):
         return None
     flat = np.frombuffer(bytearray(raw), dtype=_INT64)
-    if count_zero_one(flat) and has_bool(list(chain.from_iterable(items)), flat):
+    if has_bool(items, flat, nested=True):
         return None
     return flat
 
