@@ -9,6 +9,7 @@ import numpy as np
 
 from ._kernels.layout import FREE, LOCK_LIMIT, MAX_LOAD, NO_NODE, TREE_FIELDS
 from ._results import InvariantError
+from ._storage import roots_and_depths
 
 _U = np.uint64
 
@@ -170,9 +171,7 @@ def check_tree(s, full=True, canonical=False):
     _require(np.array_equal(cx[~free], s.cxor[:end].astype(np.int64)[~free]), "cxor is the xor of the children")
 
     # every live node reaches a root (no cycles): pointer jumping
-    up = np.where(live, parent, np.arange(end))
-    for _ in range(max(1, int(end).bit_length() + 1)):
-        up = up[up]
+    up, _ = roots_and_depths(parent, live)
     _require(np.all(root[up] | free), "every node reaches a root")
 
     # spans (inside the used buffer: check_bounds) pairwise disjoint

@@ -10,6 +10,8 @@ name the product; the pure-Python baselines return the same types.
 
 from collections import namedtuple
 
+import numpy as np
+
 __all__ = ["Match", "InsertResult", "EvictResult", "Finished", "CacheFullError", "InvariantError",
            "ReadOnlyTreeError", "TreeFormatError", "STATS"]
 
@@ -34,6 +36,11 @@ by another request, and the partial last page), ``evicted`` the
 EvictResult = namedtuple("EvictResult", ["num_tokens", "values"])
 EvictResult.__doc__ = """Result of ``evict``: ``num_tokens`` freed and their ``values`` in
 eviction order (int64 array, or ``None`` for a cache without values)."""
+
+# shared empty results: a read-only empty array can be handed to every caller
+NO_VALUES_MATCHED = np.empty(0, np.int64)
+NO_VALUES_MATCHED.flags.writeable = False
+NOTHING_EVICTED = {False: EvictResult(0, None), True: EvictResult(0, NO_VALUES_MATCHED)}
 
 # the counters of PrefixCache.stats (and of the reference cache), in order
 STATS = ("lookups", "query_tokens", "hit_tokens", "inserted_tokens", "evicted_tokens")

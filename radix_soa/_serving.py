@@ -16,12 +16,11 @@ import numpy as np
 
 from ._kernels import prefix as KP
 from ._kernels.layout import DONE, M_POLICY, STAT_SLOTS
-from ._results import CacheFullError, EvictResult, Finished, Match
+from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
+                       Finished, Match)
 from ._sequence import as_tokens
-from ._storage import TreeStorage
-
-_GEN_SHIFT = 32
-_ID_MASK = (1 << _GEN_SHIFT) - 1
+from ._storage import TreeStorage, roots_and_depths
+from ._validate import check_int
 
 
 class Request:
@@ -72,11 +71,10 @@ class ServingMixin:
             root, _ = self._root(namespace, create=False)
             out = np.empty(q.shape[0], np.int64) if s.has_values else None
             if root < 0:
-                return Match(0, self._handle_of(s.root), out[:0] if s.has_values else None)
+                return Match(0, self._handle_of(s.root), NO_VALUES_MATCHED if s.has_values else None)
             length, v, gen = KP.pc_peek(s.D, s.like, root, q, self._page,
                                        out if s.has_values else s.like.astype(np.int64))
-        return Match(int(length), ((int(gen) ^ self._salt) << _GEN_SHIFT) | int(v),
-                     out[:length] if s.has_values else None)
+        return Match(int(length), self._handle(v, gen), out[:length] if s.has_values else None)
 
     def touch(self, node):
         """Refresh the recency of the path root..``node`` (as a ``match``
@@ -130,7 +128,7 @@ class ServingMixin:
             m = self.match(q, namespace)
             self.lock(m.node)
             need = 0
-            evicted = self._nothing_evicted()
+            evicted = NOTHING_EVICTED[self._s.has_values]
             if self._count_inflight:
                 need = q.shape[0] - m.length if reserve is None else reserve
                 try:
@@ -238,17 +236,16 @@ class ServingMixin:
         if not request.open:
             raise ValueError("this request was finished or aborted already")
 
-    def _check_reserve(self, reserve):
-        from ._validate import check_int
-
+    @staticmethod
+    def _check_reserve(reserve):
         return check_int("reserve", reserve, minimum=0)
 
     def _make_inflight_room(self, need):
         if self._capacity is None:
-            return self._nothing_evicted()
+            return NOTHING_EVICTED[self._s.has_values]
         over = self.total_tokens + self._inflight + need - self._capacity
         if over <= 0:
-            return self._nothing_evicted()
+            return NOTHING_EVICTED[self._s.has_values]
         if over > self.evictable_tokens:
             raise CacheFullError(
                 f"no room to reserve {need} tokens: capacity {self._capacity}, "
@@ -259,9 +256,6 @@ class ServingMixin:
     def _sync_cap(self):
         if self._capacity is not None:
             self._cap = max(0, self._capacity - self._inflight)
-
-    def _nothing_evicted(self):
-        return EvictResult(0, np.empty(0, np.int64) if self._s.has_values else None)
 
     @property
     def inflight_tokens(self):
@@ -316,7 +310,7 @@ class ServingMixin:
                 self._drain_readers()
             root, _ = self._root(namespace, create=False)
             if root < 0:
-                return self._nothing_evicted()
+                return NOTHING_EVICTED[self._s.has_values]
             s = self._s
             order = self._subtree_deepest_first(root)
             if order.size and int(s.lock[order].max()) > 0:
@@ -330,23 +324,15 @@ class ServingMixin:
                 self._roots = {k: r for k, r in self._roots.items() if r != root}
         return EvictResult(int(freed), out if s.has_values else None)
 
-    def _subtree_deepest_first(self, root):
-        """Non-root node ids under ``root``, deepest first (int64)."""
+    def _subtree_deepest_first(self, root, roots_depths=None):
+        """Non-root node ids under ``root``, deepest first (int64);
+        ``roots_depths``: ``_storage.roots_and_depths`` of the tree, when the
+        caller has it already."""
         s = self._s
         end = s.node_end
-        parent = s.parent[:end].astype(np.int64)
         live = s.length[:end] > 0
-        ids = np.arange(end)
-        jump = np.where(parent >= 0, parent, ids)
-        jump[~live & (parent != -1)] = ids[~live & (parent != -1)]
-        depth = (parent >= 0).astype(np.int64)
-        while True:  # pointer jumping: each node's root and depth in O(log height) passes
-            nxt = jump[jump]
-            if np.array_equal(nxt, jump):
-                break
-            depth = depth + depth[jump] * (jump != nxt)
-            jump = nxt
-        mine = np.flatnonzero(live & (jump == root))
+        up, depth = roots_depths or roots_and_depths(s.parent[:end].astype(np.int64), live)
+        mine = np.flatnonzero(live & (up == root))
         return mine[np.argsort(-depth[mine], kind="stable")]
 
     # ------------------------------------------------------------ inspection
@@ -389,9 +375,10 @@ class ServingMixin:
             for v in live.tolist():
                 kids.setdefault(int(parent[v]), []).append(v)
             first = {v: int(s.tokens[s.start[v]]) for v in live.tolist()}
+            every = roots_and_depths(parent.astype(np.int64), s.length[:end] > 0)
             lines = []
             for key, root in self._roots.items():
-                sub = self._subtree_deepest_first(root)
+                sub = self._subtree_deepest_first(root, every)
                 lines.append(f"namespace {key!r} ({sub.size} nodes, "
                              f"{int(s.length[sub].astype(np.int64).sum())} tokens)")
                 stack = [(c, 1) for c in sorted(kids.get(root, []), key=first.get, reverse=True)]
@@ -416,18 +403,6 @@ class ServingMixin:
     def pretty_print(self, **kwargs):
         """Print ``to_text()``."""
         print(self.to_text(**kwargs))
-
-    # ------------------------------------------------------------ handles
-    def _handle_of(self, v):
-        return ((int(self._s.gen[v]) ^ self._salt) << _GEN_SHIFT) | int(v)
-
-    def _split_handle(self, node):
-        if type(node) is not int:
-            node = self._handle_int(node)
-        v, gen = node & _ID_MASK, (node >> _GEN_SHIFT) ^ self._salt
-        if node < 0 or gen >= 1 << _GEN_SHIFT:
-            return -1, 0
-        return v, gen
 
 
 class _Cached:

@@ -93,6 +93,21 @@ def smallest_table_for(entries):
     return size
 
 
+def roots_and_depths(parent, live):
+    """For node ids ``0..n-1`` (``parent`` int64; ``live``: the nodes with a
+    span, so roots and free ids are their own targets): the id each reaches
+    by following parents, and how many steps away it is. Pointer jumping in
+    ``bit_length(n) + 1`` passes, so a damaged tree with a cycle still
+    returns (its nodes then reach no root)."""
+    n = parent.shape[0]
+    up = np.where(live, parent, np.arange(n))
+    depth = live.astype(np.int64)
+    for _ in range(max(1, n.bit_length() + 1)):
+        depth = depth + depth[up]  # a root adds 0: depths stop growing once there
+        up = up[up]
+    return up, depth
+
+
 def _grown(n):
     """The next capacity of an array of ``n`` entries: x4 while small (a
     growth costs ~30 µs however small the arrays are), then x2."""

@@ -20,8 +20,8 @@ from ._kernels import descent as KD
 from ._kernels import prefix as KP
 from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_POLICY,
                              M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
-from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
-                       TreeFormatError)
+from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
+                       InsertResult, InvariantError, Match, TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
 from ._storage import TreeStorage
 from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
@@ -31,12 +31,9 @@ from .batch import as_batches, map_batches, pack_one, use_parallel
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
-_EMPTY = np.empty(0, np.int64)
-_EMPTY.flags.writeable = False
 _INT64 = np.dtype(np.int64)
 _new = tuple.__new__
 
-_NONE_EVICTED = {False: EvictResult(0, None), True: EvictResult(0, _EMPTY)}
 _GEN_SHIFT = 32
 _ID_MASK = (1 << _GEN_SHIFT) - 1
 
@@ -205,9 +202,6 @@ class PrefixCache(ServingMixin, TreeCache):
             keys = self._ns_keys
             self._roots = {keys[n]: r for n, r in sorted(self._s.roots().items())}
 
-    def _aligned(self, n):
-        return n - n % self._page
-
     # ------------------------------------------------------------ queries
     def match(self, tokens, namespace=None):
         """Longest cached prefix of ``tokens`` in whole pages: ``Match(length,
@@ -229,21 +223,22 @@ class PrefixCache(ServingMixin, TreeCache):
             if root < 0:
                 root, _ = self._root(namespace, create=False)
                 if root < 0:  # an unknown namespace: a miss, and nothing is created
-                    return self._unknown_namespace_miss(q)
+                    self._count_misses(1, q.shape[0])
+                    return _new(Match, (0, self._handle_of(s.root),
+                                        NO_VALUES_MATCHED if s.has_values else None))
             status, length, v, gen = KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out)
             if status == ROOM:
                 status, length, v, gen = s.run(
                     lambda: KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out))
         # tuple.__new__: a named tuple's own constructor is a Python call
-        return _new(Match, (length, ((gen ^ self._salt) << _GEN_SHIFT) | v,
-                            out[:length] if s.has_values else None))
+        return _new(Match, (length, self._handle(v, gen), out[:length] if s.has_values else None))
 
-    def _unknown_namespace_miss(self, q):
+    def _count_misses(self, lookups, tokens):
+        """Statistics of lookups answered without a kernel (an unknown
+        namespace): as the match kernels count them."""
         meta = self._s.meta
-        meta[STAT_SLOTS["lookups"]] += 1
-        meta[STAT_SLOTS["query_tokens"]] += q.shape[0]
-        return _new(Match, (0, self._handle_of(self._s.root),
-                            _EMPTY if self._s.has_values else None))
+        meta[STAT_SLOTS["lookups"]] += lookups
+        meta[STAT_SLOTS["query_tokens"]] += tokens
 
     def match_length(self, tokens, namespace=None):
         """Length of the longest cached whole-page prefix of ``tokens``, read
@@ -297,8 +292,7 @@ class PrefixCache(ServingMixin, TreeCache):
         s = self._s
         root, _ = self._root(namespace, create=False)
         if root < 0:  # an unknown namespace: all misses, nothing created
-            s.meta[STAT_SLOTS["lookups"]] += len(b)
-            s.meta[STAT_SLOTS["query_tokens"]] += b.num_tokens
+            self._count_misses(len(b), b.num_tokens)
             return
         cursor = np.array([0, root], np.int64)
         s.run(lambda: KP.pc_match_batch(s.T, 0, b.flat, b.offsets, self._page, cursor, out),
@@ -353,8 +347,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 raise self._full(n)
             if root < 0:
                 self._roots_in_sync()
-        return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v,
-                                   self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]))
+        return _new(InsertResult, (cached, self._handle(v, gen), self._evicted(freed, out)))
 
     def insert_batch(self, batch, values=None, namespace=None, priority=0):
         """``insert`` of every sequence of ``batch`` in one call: returns
@@ -405,7 +398,7 @@ class PrefixCache(ServingMixin, TreeCache):
             if self._readers:
                 self._drain_readers()
             if not len(b):
-                return cached, _NONE_EVICTED[s.has_values]
+                return cached, NOTHING_EVICTED[s.has_values]
             root, ns = self._root(namespace)
             if root < 0:
                 root = s.new_root(ns)
@@ -417,7 +410,7 @@ class PrefixCache(ServingMixin, TreeCache):
                       max(tokens, int(offsets[-1] - offsets[cursor[0]])),
                       max(nodes, 2 * (len(b) - int(cursor[0])))))
         freed = int(cursor[1])
-        return cached, self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]
+        return cached, self._evicted(freed, out)
 
     @staticmethod
     def _check_priority(priority):
@@ -447,7 +440,11 @@ class PrefixCache(ServingMixin, TreeCache):
         return vals
 
     def _evicted(self, freed, out):
-        return _new(EvictResult, (freed, out[:freed] if self._s.has_values else None))
+        """The ``EvictResult`` of ``freed`` tokens whose values are in ``out``."""
+        has_values = self._s.has_values
+        if not freed:
+            return NOTHING_EVICTED[has_values]
+        return _new(EvictResult, (freed, out[:freed] if has_values else None))
 
     def lock(self, node):
         """Protect the path root..``node`` from eviction (a reference count:
@@ -469,12 +466,7 @@ class PrefixCache(ServingMixin, TreeCache):
         s = self._s
         if s.readonly:
             self._writable()
-        if type(node) is not int:
-            node = self._handle_int(node)
-        v = node & _ID_MASK
-        gen = (node >> _GEN_SHIFT) ^ self._salt
-        if node < 0 or gen >= 1 << _GEN_SHIFT:
-            v = -1
+        v, gen = self._split_handle(node)
         with self._lock:
             if self._readers:
                 self._drain_readers()
@@ -493,14 +485,31 @@ class PrefixCache(ServingMixin, TreeCache):
         return ValueError(f"node handle {node} holds no lock of its own" if self._s.lock[v]
                           else f"node handle {node} is not locked")
 
-    @staticmethod
-    def _handle_int(handle):
-        try:
-            if isinstance(handle, bool):
-                raise TypeError
-            return operator.index(handle)
-        except TypeError:
-            raise TypeError(f"a node handle is an int; got {type(handle).__name__}") from None
+    # ------------------------------------------------------------ handles
+    # A handle is ``((generation ^ salt) << 32) | node id``: the generation
+    # tells a live node from a freed and reused id, the per-cache salt a
+    # handle of this cache from one of another.
+    def _handle(self, v, gen):
+        return ((int(gen) ^ self._salt) << _GEN_SHIFT) | int(v)
+
+    def _handle_of(self, v):
+        """The handle of live node ``v``."""
+        return self._handle(v, self._s.gen[v])
+
+    def _split_handle(self, node):
+        """``(node id, generation)`` of a handle (``(-1, 0)``: none can be
+        live), or ``TypeError`` for a non-integer."""
+        if type(node) is not int:
+            try:
+                if isinstance(node, bool):
+                    raise TypeError
+                node = operator.index(node)
+            except TypeError:
+                raise TypeError(f"a node handle is an int; got {type(node).__name__}") from None
+        v, gen = node & _ID_MASK, (node >> _GEN_SHIFT) ^ self._salt
+        if node < 0 or gen >= 1 << _GEN_SHIFT:
+            return -1, 0
+        return v, gen
 
     def evict(self, num_tokens):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
@@ -520,7 +529,7 @@ class PrefixCache(ServingMixin, TreeCache):
             bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
             out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
             freed = KP.pc_evict_one(s.D, s.like, n, page, out)
-        return self._evicted(freed, out) if freed else _NONE_EVICTED[s.has_values]
+        return self._evicted(freed, out)
 
     # ------------------------------------------------------------ state
     def _extra_state(self):

@@ -208,11 +208,17 @@ def _insert_one(T, root, ns, q, n, vals, page, cap, out):
     status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out)
     if status != DONE:
         return status, cached, NO_NODE, T[GEN][0], 0
-    meta = T[META]
-    meta[M_TOKENS_INSERTED] += q.shape[0]
-    meta[M_NEW_TOKENS] += n - cached
-    meta[M_EVICTED_TOKENS] += freed
+    count_insert(T[META], q.shape[0], n - cached, freed)
     return DONE, cached, node, T[GEN][node], freed
+
+
+@kernel
+def count_insert(meta, handed, new, freed):
+    """The statistics of one insert: ``handed`` tokens given, ``new`` of
+    them added, ``freed`` evicted to make room."""
+    meta[M_TOKENS_INSERTED] += handed
+    meta[M_NEW_TOKENS] += new
+    meta[M_EVICTED_TOKENS] += freed
 
 
 @kernel
@@ -274,9 +280,7 @@ def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out)
         else:
             cached[i] = c
             cursor[1] += freed
-            meta[M_TOKENS_INSERTED] += qn
-            meta[M_NEW_TOKENS] += n - c
-            meta[M_EVICTED_TOKENS] += freed
+            count_insert(meta, qn, n - c, freed)
         cursor[0] = i + 1
     return DONE
 
