@@ -56,6 +56,12 @@ def warmup(dtypes=(np.int64,)):
             pc.match_length([1, 2])
             pc.match_length_batch([[1, 2], [5]])
             pc.evict(2)
+            # the serving API's own kernels
+            pc.insert_batch([[1, 2], [3]], values=[[1, 2], [3]] if values else None)
+            pc.touch(pc.peek([1, 2]).node)
+            r = pc.begin([1, 2, 3])
+            pc.finish(r, [1, 2, 3], vals(3))
+            pc.drop_namespace(0)
     for schedule in ("fcfs", "lpm", "dfs"):
         for host in (None, 4):
             replay([[1, 2, 3], [1, 2, 4], [5, 6]], capacity=4, host_capacity=host,
