@@ -14,8 +14,9 @@ footprint studies (``rs.traces``, ``rs.workloads``, ``rs.replay``,
 array baselines.
 """
 
-from ._results import (CacheFullError, EvictResult, InsertResult, InvariantError, Match,
-                       ReadOnlyTreeError, TreeFormatError)
+from ._results import (CacheFullError, EvictResult, Finished, InsertResult, InvariantError,
+                       Match, ReadOnlyTreeError, TreeFormatError)
+from ._serving import Request
 from .batch import Batch, csr, pack
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
@@ -26,7 +27,7 @@ from .baselines.replay_reference import replay_reference
 from ._warmup import warmup
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
-           "Match", "EvictResult", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
+           "Match", "EvictResult", "Finished", "Request", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
            "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
            "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]
 __version__ = "0.2.0.dev0"

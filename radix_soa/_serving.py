@@ -14,13 +14,20 @@ import secrets
 
 import numpy as np
 
+from ._kernels import lifecycle as KL
 from ._kernels import prefix as KP
-from ._kernels.layout import DONE, M_POLICY, STAT_SLOTS
+from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, LOCK_LIMIT, M_INFLIGHT,
+                              M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
+                              R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
+                              R_LAST_N, R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
+                              REQUEST_SIZE, STAT_SLOTS)
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
-                       Finished, Match)
-from ._sequence import as_tokens
+                       Finished, InvariantError, Match)
+from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, roots_and_depths
-from ._validate import check_int
+from ._validate import check_int, check_length
+
+_NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
 
 
 class Request:
@@ -28,24 +35,98 @@ class Request:
     prefix it found (``cached`` tokens, their ``values``), the locked
     ``node`` protecting it, its ``namespace``, the ``reserved`` tokens it
     holds in flight (counted against the capacity when the cache has
-    ``count_inflight=True``) and what making that room ``evicted``."""
+    ``count_inflight=True``) and what making that room ``evicted``.
 
-    __slots__ = ("node", "cached", "values", "namespace", "reserved", "evicted", "open", "owner",
-                 "epoch")
+    Its state lives in a small array the cache's kernels write in the same
+    call that changes the tree, so a request is always either before or
+    after a transition. ``steps`` counts the transitions committed (begin,
+    each checkpoint, finish/abort) and ``result`` is what the last
+    checkpoint or finish returned: after an interrupted call, compare
+    ``steps`` with its value before the call to know whether it happened,
+    and take its result from ``result``.
+    """
 
-    def __init__(self, node, cached, values, namespace, reserved, evicted):
-        self.node = node
-        self.cached = cached
-        self.values = values
+    __slots__ = ("_st", "owner", "epoch", "namespace", "_out", "_evict_out", "_inputs")
+
+    def __init__(self, owner, namespace, out, evict_out):
+        self._st = np.zeros(REQUEST_SIZE, np.int64)
+        self.owner = owner  # the cache, and its reset count at begin
+        self.epoch = owner._epoch
         self.namespace = namespace
-        self.reserved = reserved
-        self.evicted = evicted
-        self.open = True
-        self.owner = None  # the cache and its reset count, set by begin
-        self.epoch = 0
+        self._out = out              # the values begin matched
+        self._evict_out = evict_out  # the values begin evicted
+        self._inputs = {}            # step -> (values, evicted out) of a checkpoint/finish
+
+    @property
+    def open(self):
+        """True between ``begin`` and ``finish``/``abort`` (and no ``reset``)."""
+        return int(self._st[R_PHASE]) == OPEN and self.owner._epoch == self.epoch
+
+    @property
+    def node(self):
+        """Handle of the node the request's cached prefix ends at."""
+        return self.owner._handle(self._st[R_NODE], self._st[R_GEN])
+
+    @property
+    def cached(self):
+        """Leading tokens cached for the request (grows with ``checkpoint``)."""
+        return int(self._st[R_CACHED])
+
+    @property
+    def values(self):
+        """The values of the prefix ``begin`` found cached (None without values)."""
+        return self._out[:int(self._st[R_BEGUN])] if self.owner.has_values else None
+
+    @property
+    def reserved(self):
+        """Tokens the request holds in flight (``count_inflight``)."""
+        return int(self._st[R_RESERVED])
+
+    @property
+    def evicted(self):
+        """``EvictResult`` of what ``begin`` evicted to make the reservation's room."""
+        freed = int(self._st[R_FREED])
+        if not freed:
+            return NOTHING_EVICTED[self.owner.has_values]
+        return EvictResult(freed, self._evict_out[:freed] if self.owner.has_values else None)
+
+    @property
+    def steps(self):
+        """Transitions committed so far (0 until ``begin`` succeeds)."""
+        return int(self._st[R_STEPS])
+
+    @property
+    def result(self):
+        """What the last committed ``checkpoint`` (the array of slots to
+        free) or ``finish`` (``Finished``) returned; None before either."""
+        st = self._st
+        inputs = self._inputs.get(int(st[R_STEPS]))
+        if inputs is None:
+            return None
+        vals, out = inputs
+        has_values = self.owner.has_values
+        cached, n, freed = int(st[R_LAST_CACHED]), int(st[R_LAST_N]), int(st[R_LAST_FREED])
+        dup = vals[int(st[R_LAST_FROM]):cached] if has_values else None
+        if int(st[R_PHASE]) != FINISHED:  # a checkpoint: duplicates and evicted slots
+            return np.concatenate([dup, out[:freed]]) if has_values else None
+        evicted = (NOTHING_EVICTED[has_values] if not freed
+                   else EvictResult(freed, out[:freed] if has_values else None))
+        free = np.concatenate([dup, vals[n:]]) if has_values else None
+        return Finished(cached, self.owner._handle(st[R_LAST_NODE], st[R_LAST_GEN]), free,
+                        evicted)
+
+    def _stage(self, vals, out):
+        """Record the inputs of the transition about to run (one store, keyed
+        by the step it will be), so ``result`` can be rebuilt after it."""
+        step = int(self._st[R_STEPS]) + 1
+        self._inputs[step] = (vals, out)
+        self._inputs.pop(step - 2, None)
 
     def __repr__(self):
-        state = "open" if self.open else "closed"
+        state = {OPEN: "open", FINISHED: "finished", ABORTED: "aborted"}.get(
+            int(self._st[R_PHASE]), "not begun")
+        if state == "open" and not self.open:
+            state = "void (reset)"
         return (f"Request(cached={self.cached}, node={self.node}, reserved={self.reserved}, "
                 f"{state})")
 
@@ -108,62 +189,82 @@ class ServingMixin:
             self.unlock(node)
 
     # ------------------------------------------------------------ lifecycle
+    # Each transition is one kernel call (``_kernels/lifecycle``) that changes
+    # the tree, the in-flight count and the request's state together.
     def begin(self, tokens, namespace=None, reserve=None):
         """A request arrives: match ``tokens`` and lock the cached prefix.
 
         With ``count_inflight=True`` the request also reserves ``reserve``
         tokens (default: its uncached tokens) against the capacity, evicting
         what it must (``Request.evicted``: free those slots) or raising
-        ``CacheFullError`` when locked tokens leave no room (the match has
-        then counted as a lookup; nothing stays locked or reserved).
-        Returns a ``Request`` for ``checkpoint``/``finish``/``abort``.
+        ``CacheFullError`` when locked and reserved tokens leave no room
+        (nothing is then locked, reserved or counted). Returns a
+        ``Request`` for ``checkpoint``/``finish``/``abort``; until then it
+        is listed by ``open_requests()``.
+
+        >>> from radix_soa import PrefixCache
+        >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3, 4], values=[5, 6, 7, 8])
+        >>> r = pc.begin([1, 2, 3, 9])
+        >>> r.cached, r.values.tolist(), pc.locked_tokens
+        (3, [5, 6, 7], 3)
+        >>> f = pc.finish(r, [1, 2, 3, 9, 10], [5, 6, 7, 20, 21])
+        >>> f.cached, f.free.tolist(), pc.locked_tokens
+        (3, [], 0)
         """
         self._writable()
         q = as_tokens(tokens)
-        if reserve is not None:
-            reserve = self._check_reserve(reserve)
+        reserve = -1 if reserve is None else self._check_reserve(reserve)
+        s = self._s
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            m = self.match(q, namespace)
-            self.lock(m.node)
-            need = 0
-            evicted = NOTHING_EVICTED[self._s.has_values]
-            if self._count_inflight:
-                need = q.shape[0] - m.length if reserve is None else reserve
-                try:
-                    evicted = self._make_inflight_room(need)
-                except BaseException:
-                    self.unlock(m.node)
-                    raise
-                self._inflight += need
-                self._sync_cap()
-            request = Request(m.node, m.length, m.values, namespace, need, evicted)
-            request.owner, request.epoch = self, self._epoch
+            root, _ = self._root(namespace, create=False)
+            known = root >= 0
+            if not known:  # an unknown namespace: a miss, and nothing is created
+                root = s.root
+            capacity = self._capacity if self._count_inflight and self._capacity is not None \
+                else -1
+            out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
+            evict_out = self._begin_evict_out(capacity, q.shape[0] if reserve < 0 else reserve)
+            request = Request(self, namespace, out, evict_out)
+            # listed before its kernel runs: a begin interrupted after it is
+            # still found by open_requests() (and the listing skips the others)
+            self._requests[id(request)] = request
+            status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
+                                                capacity, reserve, evict_out, request._st))
+            if status != DONE:
+                del self._requests[id(request)]
+                if status == LIMIT:
+                    raise OverflowError(f"a path holds at most {LOCK_LIMIT} locks at once "
+                                        "(int32 counts)")
+                raise CacheFullError(
+                    f"no room to reserve {q.shape[0] if reserve < 0 else reserve} tokens: "
+                    f"capacity {self._capacity}, {self.total_tokens} cached "
+                    f"({self.locked_tokens} locked), {self.inflight_tokens} in flight")
         return request
+
+    def _begin_evict_out(self, capacity, need):
+        """``out`` for the values ``begin`` may evict: at most its
+        reservation plus any excess over the capacity, in whole pages."""
+        s = self._s
+        if capacity < 0 or not s.has_values:
+            return _NO_VALUES
+        meta = s.meta
+        excess = max(0, int(meta[M_TOKENS] + meta[M_INFLIGHT]) - capacity)
+        bound = min(-(-(need + excess) // self._page) * self._page,
+                    int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
+        return np.empty(max(bound, 0), np.int64)
 
     def checkpoint(self, request, tokens, values):
         """Chunked prefill: cache what ``request`` has computed so far
         (``tokens`` with their ``values``) and move its lock to the new
         node. Returns the slots the caller must free now: values of tokens
-        someone else cached first (duplicates). The partial last page stays
-        the request's."""
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
-            self._check_open(request)
-            r, free = self._cache_request(request, tokens, values, keep_partial=True)
-            self.lock(r.node)
-            self._release_lock(request)
-            request.node = r.node
-            grown = max(0, r.cached_total - request.cached)
-            request.cached = max(request.cached, r.cached_total)
-            if self._count_inflight:
-                moved = min(request.reserved, grown)
-                request.reserved -= moved
-                self._inflight -= moved
-                self._sync_cap()
-        return free
+        someone else cached first (duplicates), then what making room
+        evicted. The partial last page stays the request's."""
+        status = self._transition(KL.req_checkpoint, request, tokens, values)
+        if status != DONE:
+            raise self._transition_error(status, request)
+        return request.result
 
     def finish(self, request, tokens, values):
         """A request is done: cache ``tokens`` (prompt + output, whole pages)
@@ -171,15 +272,13 @@ class ServingMixin:
         reservation. Returns ``Finished(cached, node, free, evicted)``:
         ``free`` holds the slots the caller must free (duplicates of tokens
         already cached, and the partial last page), ``evicted`` what making
-        room freed (free those too)."""
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
-            self._check_open(request)
-            r, free = self._cache_request(request, tokens, values)
-            self._release_lock(request)
-            self._close(request)
-        return Finished(r.cached, r.node, free, r.evicted)
+        room freed (free those too). Interrupted, it either happened or did
+        not: ``request.steps`` tells, and ``request.result`` is its result."""
+        status = self._transition(KL.req_finish, request, tokens, values)
+        if status != DONE:
+            raise self._transition_error(status, request)
+        self._requests.pop(id(request), None)
+        return request.result
 
     def abort(self, request):
         """Release ``request``'s lock and reservation without caching it."""
@@ -187,43 +286,42 @@ class ServingMixin:
             if self._readers:
                 self._drain_readers()
             self._check_open(request)
-            self._release_lock(request)
-            self._close(request)
+            status = KL.req_abort(self._s.D, self._s.like, request._st)
+            if status != DONE:
+                raise self._transition_error(status, request)
+            self._requests.pop(id(request), None)
 
-    def _release_lock(self, request):
-        # a request that matched nothing holds its namespace root's handle:
-        # nothing is locked, and the root may be gone (drop_namespace)
-        if request.cached > 0:
-            self.unlock(request.node)
-
-    def _cache_request(self, request, tokens, values, keep_partial=False):
+    def _transition(self, kernel, request, tokens, values):
+        """Run ``checkpoint``'s or ``finish``'s kernel: validate everything,
+        then one kernel call (resumed after growth)."""
+        self._writable()
         q = as_tokens(tokens)
+        s = self._s
+        if s.narrow:
+            check_fits(q, s.dtype)
+        check_length(q.shape[0])
         vals = self._check_values(values, q.shape[0])
         n = q.shape[0] - q.shape[0] % self._page
-        if self._count_inflight:  # this request's own reservation becomes cached tokens
-            self._inflight -= request.reserved
-            self._sync_cap()
-        try:
-            r = self.insert(q, values=vals if self._s.has_values else None,
-                            namespace=request.namespace)
-        finally:
-            if self._count_inflight:
-                self._inflight += request.reserved
-                self._sync_cap()
-        if not self._s.has_values:
-            return _Cached(r.cached, n, r.node, r.evicted), None
-        # the request's own slots for tokens cached before it (first writer
-        # wins), beyond the prefix it found cached at begin, and the partial page
-        dup = vals[request.cached:r.cached]
-        free = dup.copy() if keep_partial else np.concatenate([dup, vals[n:]])
-        return _Cached(r.cached, n, r.node, r.evicted), free
+        priority = 0
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            self._check_open(request)
+            root, ns = self._root(request.namespace)
+            # the request's own reservation becomes cached tokens
+            cap = self._kernel_cap(own=request.reserved)
+            out = np.empty(n if cap >= 0 and s.has_values else 0, np.int64)
+            request._stage(vals, out)
+            status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out,
+                                          priority, request._st))
+            if root < 0:
+                self._roots_in_sync()
+        return status
 
-    def _close(self, request):
-        if self._count_inflight:
-            self._inflight -= request.reserved
-            self._sync_cap()
-        request.reserved = 0
-        request.open = False
+    def _transition_error(self, status, request):
+        if status == FULL:
+            return self._full(request.cached)
+        return ValueError("the request's lock is no longer live in this cache")
 
     def _check_open(self, request):
         if not isinstance(request, Request):
@@ -231,36 +329,33 @@ class ServingMixin:
         if request.owner is not self:
             raise ValueError("this request belongs to another cache")
         if request.epoch != self._epoch:
-            request.open = False  # reset() released its lock and reservation
             raise ValueError("this request was begun before a reset() of the cache")
         if not request.open:
-            raise ValueError("this request was finished or aborted already")
+            raise ValueError("this request was finished or aborted already (its result is "
+                             "request.result)")
 
     @staticmethod
     def _check_reserve(reserve):
         return check_int("reserve", reserve, minimum=0)
 
-    def _make_inflight_room(self, need):
-        if self._capacity is None:
-            return NOTHING_EVICTED[self._s.has_values]
-        over = self.total_tokens + self._inflight + need - self._capacity
-        if over <= 0:
-            return NOTHING_EVICTED[self._s.has_values]
-        if over > self.evictable_tokens:
-            raise CacheFullError(
-                f"no room to reserve {need} tokens: capacity {self._capacity}, "
-                f"{self.total_tokens} cached ({self.locked_tokens} locked), "
-                f"{self._inflight} in flight")
-        return self.evict(over)
-
-    def _sync_cap(self):
-        if self._capacity is not None:
-            self._cap = max(0, self._capacity - self._inflight)
-
     @property
     def inflight_tokens(self):
         """Tokens reserved by open requests (``count_inflight=True``)."""
-        return self._inflight
+        return int(self._s.meta[M_INFLIGHT])
+
+    def open_requests(self):
+        """The requests begun and not yet finished or aborted, oldest first
+        (to find one whose ``begin`` was interrupted, or audit a slot pool).
+
+        >>> from radix_soa import PrefixCache
+        >>> pc = PrefixCache(); r = pc.begin([1, 2])
+        >>> pc.open_requests() == [r], pc.abort(r), pc.open_requests()
+        (True, None, [])
+        """
+        with self._lock:
+            live = {k: r for k, r in self._requests.items() if r.open}
+            self._requests = live
+            return list(live.values())
 
     # ------------------------------------------------------------ whole-cache
     def reset(self):
@@ -274,14 +369,14 @@ class ServingMixin:
             s = self._s
             fresh = TreeStorage(s.dtype, values=s.has_values, track=True, page_size=s.page_size)
             fresh.meta[M_POLICY] = s.meta[M_POLICY]
-            self._s = fresh
-            self._salt = secrets.randbits(32)  # old handles can never match again
-            self._ns_keys = [0]
-            self._ns_number = {0: 0}
-            self._roots = {0: fresh.root}
-            self._inflight = 0
-            self._epoch += 1  # open requests are void
-            self._sync_cap()
+            # one update of existing keys (a single C call): no interrupt can
+            # leave the cache half reset
+            self.__dict__.update({
+                "_s": fresh,
+                "_salt": secrets.randbits(32),  # old handles can never match again
+                "_ns_keys": [0], "_ns_number": {0: 0}, "_roots": {0: fresh.root},
+                "_requests": {},
+                "_epoch": self._epoch + 1})  # open requests are void
 
     def reset_stats(self):
         """Zero the counters ``stats`` reports."""
@@ -336,6 +431,24 @@ class ServingMixin:
         return mine[np.argsort(-depth[mine], kind="stable")]
 
     # ------------------------------------------------------------ inspection
+    def _check_requests(self):
+        """Invariants of the open requests (``check_invariants``): the
+        in-flight count is their reservations' sum, and each lock they hold
+        is on a live node holding at least that many locks of its own."""
+        s = self._s
+        open_now = [r for r in self._requests.values() if r.open]
+        if self.inflight_tokens != sum(r.reserved for r in open_now):
+            raise InvariantError("in-flight tokens == the open requests' reservations")
+        held = {}
+        for r in open_now:
+            if r._st[R_LOCKED]:
+                v = int(r._st[R_NODE])
+                if not (0 <= v < s.node_end and s.length[v] > 0 and s.gen[v] == r._st[R_GEN]):
+                    raise InvariantError("an open request's locked node is live")
+                held[v] = held.get(v, 0) + 1
+        if any(int(s.own[v]) < k for v, k in held.items()):
+            raise InvariantError("a node holds at least the locks open requests hold on it")
+
     def cached_values(self):
         """Every value the cache holds (one per cached token, all
         namespaces), in node order: to audit a slot pool for leaks."""
@@ -403,14 +516,3 @@ class ServingMixin:
     def pretty_print(self, **kwargs):
         """Print ``to_text()``."""
         print(self.to_text(**kwargs))
-
-
-class _Cached:
-    __slots__ = ("cached", "cached_total", "node", "evicted")
-
-    def __init__(self, cached, aligned, node, evicted):
-        self.cached = cached
-        self.cached_total = aligned
-        self.node = node
-        self.evicted = evicted
-

@@ -18,7 +18,7 @@ from ._serving import ServingMixin
 from ._invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
-from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_LOCKED_TOKENS, M_POLICY,
+from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS, M_POLICY,
                              M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        InsertResult, InvariantError, Match, TreeFormatError)
@@ -84,7 +84,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._capacity = capacity
         self._cap = -1 if capacity is None else capacity  # what kernels take
         self._count_inflight = bool(count_inflight)
-        self._inflight = 0
+        self._requests = {}  # id -> Request, from begin to finish/abort
         self._epoch = 0  # resets so far: a Request of an earlier epoch is void
         self._page = page_size
         # mixed into every handle's generation, so a handle of another cache
@@ -333,7 +333,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            cap = self._cap
+            cap = self._cap if not self._count_inflight else self._kernel_cap()
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             ns = 0
             if root < 0:
@@ -403,7 +403,7 @@ class PrefixCache(ServingMixin, TreeCache):
             if root < 0:
                 root = s.new_root(ns)
                 self._roots_in_sync()
-            cap = self._cap
+            cap = self._kernel_cap()
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
                                              cap, cursor, cached, out, priority),
                   plan=lambda st, tokens, nodes: (
@@ -411,6 +411,14 @@ class PrefixCache(ServingMixin, TreeCache):
                       max(nodes, 2 * (len(b) - int(cursor[0])))))
         freed = int(cursor[1])
         return cached, self._evicted(freed, out)
+
+    def _kernel_cap(self, own=0):
+        """The capacity kernels take (-1: unbounded): with
+        ``count_inflight``, less what open requests reserve (but ``own``)."""
+        cap = self._cap
+        if self._count_inflight and cap >= 0:
+            cap = max(0, cap - int(self._s.meta[M_INFLIGHT]) + own)
+        return cap
 
     @staticmethod
     def _check_priority(priority):
@@ -555,7 +563,8 @@ class PrefixCache(ServingMixin, TreeCache):
         self._capacity = capacity
         self._cap = -1 if capacity is None else capacity
         self._count_inflight = bool(state.get("count_inflight", False))
-        self._inflight = 0
+        s.meta[M_INFLIGHT] = 0  # requests do not outlive their process (their locks do)
+        self._requests = {}
         self._epoch = 0
         self._page = s.page_size
         if "namespaces" in state:
@@ -595,6 +604,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 raise InvariantError("evictable + locked tokens == total tokens")
             if self._capacity is not None and self.total_tokens > self._capacity:
                 raise InvariantError("total tokens within capacity")
+            self._check_requests()
             roots = self._s.roots()
             if (len(roots) != len(self._s.root_ids())
                     or any(not 0 <= n < len(self._ns_keys) for n in roots)):

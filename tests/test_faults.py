@@ -112,8 +112,10 @@ def prefix_contents(pc):
     counters = tuple(s.count(n) for n in ("nodes", "tokens", "heap_size", "locked_tokens",
                                            "clock", "roots", "tokens_inserted", "free_count"))
     namespaces = pc.namespaces  # re-reads the roots from the arrays when needed
+    requests = tuple((r.steps, r.cached, r.reserved, int(r._st[1]), int(r._st[3]))
+                     for r in pc.open_requests())
     return (tuple(nodes), heap, counters, tuple(sorted(pc.stats.items())),
-            tuple((ns, pc._roots[ns]) for ns in namespaces))
+            tuple((ns, pc._roots[ns]) for ns in namespaces), pc.inflight_tokens, requests)
 
 
 def check_radix_usable(rc, must_hold):
@@ -153,9 +155,32 @@ def fresh_prefix(capacity=None):
     pc = PrefixCache(capacity=capacity)
     for q in BASE:
         pc.insert(q, values=np.arange(len(q)) + 1000)
+    pc.insert(BASE[5], values=np.arange(len(BASE[5])) + 3000, namespace="tenant")
     m = pc.match(BASE[3])
     pc.lock(m.node)
     return pc
+
+
+SERVED = list(BASE[3]) + [1, 1]  # the open request of fresh_serving
+
+
+def fresh_serving():
+    """A capped cache counting in-flight tokens, with one open request (and
+    its prefix locked) and room for 47 more tokens."""
+    pc = PrefixCache(capacity=200, count_inflight=True)
+    for q in BASE:
+        pc.insert(q, values=np.arange(len(q)) + 1000)
+    pc.begin(SERVED)
+    return pc
+
+
+def served(pc):
+    return pc.open_requests()[0]
+
+
+def finish_tokens(extra):
+    q = SERVED + extra
+    return q, np.arange(len(q)) + 5000
 
 
 RADIX_OPS = {
@@ -172,14 +197,27 @@ PREFIX_OPS = {
     "match_batch": lambda pc: pc.match_batch(BIG_BATCH[:40]),
     "evict": lambda pc: pc.evict(25),
     "compact": lambda pc: pc.compact(),
+    "insert_batch": lambda pc: pc.insert_batch(BIG_BATCH[:30], values=BIG_BATCH[:30]),
+    "drop_namespace": lambda pc: pc.drop_namespace("tenant"),
+    "peek": lambda pc: pc.peek(list(BASE[9]) + [4, 4]),
+    "touch": lambda pc: pc.touch(pc.peek(BASE[12]).node),
+}
+# the request lifecycle on fresh_serving(): begin evicts for its reservation,
+# checkpoint and finish insert (evicting) and move or release the lock
+SERVING_OPS = {
+    "begin": lambda pc: pc.begin(LONG[:80]),
+    "begin_unknown_namespace": lambda pc: pc.begin(LONG[:30], namespace="nobody"),
+    "checkpoint": lambda pc: pc.checkpoint(served(pc), *finish_tokens([2, 2, 2])),
+    "finish": lambda pc: pc.finish(served(pc), *finish_tokens(list(range(40)))),
+    "abort": lambda pc: pc.abort(served(pc)),
 }
 
 
 def expected(make, op):
-    """Contents before and after an uninterrupted ``op`` on a fresh cache."""
-    obj = make()
-    before = obj
-    after = pickle.loads(pickle.dumps(obj))
+    """Contents before and after an uninterrupted ``op`` on a fresh cache
+    (``make`` is deterministic; a copy would not keep the open requests)."""
+    before = make()
+    after = make()
     op(after)
     return before, after
 
@@ -257,6 +295,11 @@ def test_prefix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
             part = pickle.loads(pickle.dumps(before))
             part.match_batch(BIG_BATCH[:j])
             ok.add(prefix_contents(part))
+    if name == "insert_batch":  # ... and of its inserts
+        for j in range(1, 30):
+            part = pickle.loads(pickle.dumps(before))
+            part.insert_batch(BIG_BATCH[:j], values=BIG_BATCH[:j])
+            ok.add(prefix_contents(part))
     fired = 0
     for inj in faults(kind, monkeypatch):
         pc = make()
@@ -269,6 +312,69 @@ def test_prefix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
             pc.check_invariants()
     if kind == "interrupt":
         assert fired > 0
+
+
+def same_outcome(got, want):
+    """Results of a lifecycle call (Finished, a free array, a Request or
+    None), compared by what a caller would use."""
+    if isinstance(want, rs.Finished):
+        return (got.cached == want.cached and got.free.tolist() == want.free.tolist()
+                and got.evicted.values.tolist() == want.evicted.values.tolist())
+    if isinstance(want, np.ndarray):
+        return got.tolist() == want.tolist()
+    if isinstance(want, rs.Request):
+        return (got.cached, got.reserved, got.values.tolist(), got.evicted.values.tolist()) == (
+            want.cached, want.reserved, want.values.tolist(), want.evicted.values.tolist())
+    return got is want
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "memory"])
+@pytest.mark.parametrize("name", sorted(SERVING_OPS))
+def test_request_lifecycle_survives_a_fault_at_every_step(name, kind, monkeypatch):
+    """Each transition happens entirely or not at all, and either way the
+    caller can finish the job: ``steps`` says whether it happened,
+    ``result`` (or ``open_requests()`` for a begin) gives what it returned,
+    and a retry of one that did not happen returns what it would have."""
+    op = SERVING_OPS[name]
+    before, after = expected(fresh_serving, op)
+    ok = {prefix_contents(before), prefix_contents(after)}
+    want = op(fresh_serving())
+    fired = 0
+    for inj in faults(kind, monkeypatch):
+        pc = fresh_serving()
+        mine = served(pc)
+        steps = mine.steps
+        faulted = run_faulted(inj, op, pc)
+        fired += faulted
+        state = prefix_contents(pc)
+        assert state in ok, f"{kind} at step {inj.k} left a half-changed cache"
+        if faulted:
+            if name.startswith("begin"):
+                new = [r for r in pc.open_requests() if r is not mine]
+                got = new[0] if new else op(pc)  # it happened, or is retried
+            elif mine.steps > steps:
+                got = mine.result
+            else:
+                got = op(pc)
+            assert same_outcome(got, want), f"{kind} at step {inj.k}: recovered a different result"
+            assert prefix_contents(pc) == prefix_contents(after)
+        pc.check_invariants()
+        for r in pc.open_requests():
+            pc.abort(r)
+        assert pc.inflight_tokens == 0 and pc.locked_tokens == 0
+    if kind == "interrupt":
+        assert fired > 0
+
+
+def test_a_finished_request_cannot_finish_twice_but_keeps_its_result():
+    pc = fresh_serving()
+    r = served(pc)
+    q, vals = finish_tokens([7, 7])
+    first = pc.finish(r, q, vals)
+    with pytest.raises(ValueError, match="request.result"):
+        pc.finish(r, q, vals)
+    assert same_outcome(r.result, first) and r.steps == 2 and not r.open
+    pc.check_invariants()
 
 
 def test_growth_failure_leaves_the_arrays_and_views_as_they_were(monkeypatch):

@@ -73,6 +73,7 @@ M_NEW_TOKENS = 19   # tokens insert added (not already cached)
 M_EVICTED_TOKENS = 20
 M_POLICY = 21       # eviction policy (P_* below) of the prefix cache
 M_PRIORITY = 22     # priority of the insert in progress (policy "priority")
+M_INFLIGHT = 23     # tokens open requests reserve (PrefixCache count_inflight)
 META_SIZE = 32
 STAT_SLOTS = {"lookups": M_LOOKUPS, "query_tokens": M_QUERY_TOKENS, "hit_tokens": M_HIT_TOKENS,
               "inserted_tokens": M_NEW_TOKENS, "evicted_tokens": M_EVICTED_TOKENS}
@@ -94,6 +95,7 @@ DONE = 0
 ROOM = 1
 FULL = 2            # cannot fit under the capacity even after evicting all else
 STALE = 3           # a node handle whose node is gone (the lock kernel)
+LIMIT = 4           # a lock count would pass LOCK_LIMIT (nothing changed)
 
 # Eviction policies: the heap orders evictable leaves by one int64 key per
 # node (``stamp``), lowest first, ties by node id. Each policy packs what it
@@ -110,3 +112,27 @@ PRIORITY_OFFSET = 1 << 21       # priorities lie in [-2^21, 2^21)
 # Lock counts are int32. A user lock stops one short of the int32 maximum so
 # that the guard lock an insert takes on its own path always fits.
 LOCK_LIMIT = 2**31 - 2
+
+# ---------------------------------------------------------------- requests
+# A PrefixCache request's state: one small int64 array per request that the
+# lifecycle kernels write in the same call that changes the tree, so a
+# request and the cache can never disagree (not even after an interrupt).
+# The R_LAST_* slots keep what the last committed checkpoint/finish did, so
+# its result can be recomputed after a fault.
+R_PHASE = 0         # NEW, OPEN, FINISHED or ABORTED
+R_NODE = 1          # the node the request's prefix ends at ...
+R_GEN = 2           # ... and its generation
+R_LOCKED = 3        # 1 while the request holds a lock on R_NODE
+R_CACHED = 4        # leading tokens cached for the request (grows by checkpoint)
+R_BEGUN = 5         # leading tokens found cached at begin (its values)
+R_RESERVED = 6      # tokens reserved in flight (count_inflight)
+R_FREED = 7         # tokens begin evicted to make room for the reservation
+R_STEPS = 8         # transitions committed: begin, each checkpoint, finish/abort
+R_LAST_FROM = 9     # R_CACHED before the last checkpoint/finish
+R_LAST_CACHED = 10  # leading tokens its insert found cached
+R_LAST_N = 11       # whole-page tokens it inserted
+R_LAST_FREED = 12   # tokens its insert evicted
+R_LAST_NODE = 13
+R_LAST_GEN = 14
+REQUEST_SIZE = 16
+NEW, OPEN, FINISHED, ABORTED = range(4)

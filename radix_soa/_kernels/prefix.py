@@ -350,6 +350,17 @@ def drop_subtree(D, like, root, order, page, out, keep_root):
 
 
 @kernel
+def lock_fits(T, v):
+    """True if one more user lock on non-root node ``v`` keeps every count
+    within ``LOCK_LIMIT`` (a subtree count is largest at the path's top)."""
+    parent = T[PARENT]
+    w = v
+    while parent[parent[w]] >= 0:
+        w = parent[w]
+    return T[LOCK][w] < LOCK_LIMIT and T[OWN][v] < LOCK_LIMIT
+
+
+@kernel
 def lock_handle(D, like, v, gen, delta):
     """``PrefixCache.lock`` (``delta=1``) / ``unlock`` (``delta=-1``) of the
     handle ``(v, gen)`` on the tree at directory ``D``. Returns ``(status,
@@ -364,11 +375,7 @@ def lock_handle(D, like, v, gen, delta):
     if parent[v] < 0:
         return DONE, 0
     if delta > 0:
-        # a subtree count is largest at the path's top node
-        w = v
-        while parent[parent[w]] >= 0:
-            w = parent[w]
-        if T[LOCK][w] >= LOCK_LIMIT or T[OWN][v] >= LOCK_LIMIT:
+        if not lock_fits(T, v):
             return FULL, 0
     elif T[OWN][v] <= 0:
         return FULL, 0

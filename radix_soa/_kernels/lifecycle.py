@@ -1,0 +1,181 @@
+"""The request lifecycle of ``PrefixCache`` (``begin`` / ``checkpoint`` /
+``finish`` / ``abort``), one kernel per transition.
+
+Each kernel changes the tree, the in-flight count ``meta[M_INFLIGHT]`` and
+the request's own state array ``st`` (slots ``R_*`` of ``layout``) in the
+same call, writing ``st[R_PHASE]`` last: whatever interrupts the Python
+around it, a request is either before or after a transition, never between,
+and what the transition returned can be recomputed from ``st``. Statuses
+as everywhere (``layout``); after ``ROOM``, ``FULL``, ``LIMIT`` or
+``STALE`` nothing changed.
+"""
+
+from .config import kernel
+from .directory import tree_at
+from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, LIMIT, M_CLOCK, M_EVICTED_TOKENS,
+                     M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS, M_LOOKUPS, M_PRIORITY,
+                     M_QUERY_TOKENS, M_TOKENS, META, OPEN, PARENT, R_BEGUN, R_CACHED, R_FREED,
+                     R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN, R_LAST_N,
+                     R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE, R_RESERVED, R_STEPS, STALE, START,
+                     LENGTH, VALUES)
+from .prefix import _insert_one, handle_live, lock_fits, path_values, pc_evict, pc_lock, pc_match
+from .table import has_room, need_room
+
+
+@kernel
+def req_begin(D, like, root, known, q, page, out, capacity, reserve, evict_out, st):
+    """``begin``: match ``q`` under ``root`` (``known=False``: the namespace
+    has no root; a miss, and nothing is made), lock the matched path, and
+    with ``capacity >= 0`` (``count_inflight``) reserve ``reserve`` tokens
+    (< 0: the unmatched ones), evicting into ``evict_out`` what the
+    reservation needs. The matched values go to ``out``. Returns ``DONE``,
+    ``ROOM`` (a node for the split), ``FULL`` (locked and reserved tokens
+    leave no room) or ``LIMIT`` (the path's lock count is at its limit);
+    only ``DONE`` counts the lookup."""
+    T = tree_at(D, like)
+    meta = T[META]
+    qn = q.shape[0]
+    if st[R_PHASE] != 0:
+        return STALE
+    if known and not has_room(T, 0, 1):
+        return need_room(T, 0, 1)
+    length = 0
+    v = root
+    if known:
+        meta[M_CLOCK] += 1
+        length, v = pc_match(T, root, q, 0, qn - qn % page, page, meta[M_CLOCK])
+    locked = T[PARENT][v] >= 0
+    if locked:
+        if not lock_fits(T, v):
+            return LIMIT
+        pc_lock(T, v, 1)
+    need = 0
+    freed = 0
+    if capacity >= 0:
+        need = reserve if reserve >= 0 else qn - length
+        over = meta[M_TOKENS] + meta[M_INFLIGHT] + need - capacity
+        if over > 0:
+            evictable = meta[M_TOKENS] - meta[M_LOCKED_TOKENS]
+            want = min(-(-over // page) * page, evictable)
+            if over > evictable or (T[VALUES].shape[0] > 0 and want > evict_out.shape[0]):
+                if locked:
+                    pc_lock(T, v, -1)
+                return FULL
+            freed = pc_evict(T, want, page, evict_out)
+            meta[M_EVICTED_TOKENS] += freed
+    meta[M_INFLIGHT] += need
+    if T[VALUES].shape[0] > 0:
+        path_values(T[START], T[LENGTH], T[PARENT], T[VALUES], v, length, out)
+    meta[M_LOOKUPS] += 1
+    meta[M_QUERY_TOKENS] += qn
+    meta[M_HIT_TOKENS] += length
+    st[R_NODE] = v
+    st[R_GEN] = T[GEN][v]
+    st[R_LOCKED] = 1 if locked else 0
+    st[R_CACHED] = length
+    st[R_BEGUN] = length
+    st[R_RESERVED] = need
+    st[R_FREED] = freed
+    st[R_STEPS] = 1
+    st[R_PHASE] = OPEN
+    return DONE
+
+
+@kernel
+def _check_request(T, st):
+    """``DONE`` if ``st`` is an open request whose lock (if any) is live."""
+    if st[R_PHASE] != OPEN:
+        return STALE
+    if st[R_LOCKED] and not handle_live(T, st[R_NODE], st[R_GEN]):
+        return STALE
+    return DONE
+
+
+@kernel
+def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
+    """The insert of a checkpoint or finish (``_insert_one`` with the
+    request's priority), its outcome recorded in ``st[R_LAST_*]``."""
+    T[META][M_PRIORITY] = priority
+    status, cached, node, gen, freed = _insert_one(T, root, ns, q, n, vals, page, cap, out)
+    T[META][M_PRIORITY] = 0
+    if status == DONE:
+        st[R_LAST_FROM] = st[R_CACHED]
+        st[R_LAST_CACHED] = cached
+        st[R_LAST_N] = n
+        st[R_LAST_FREED] = freed
+        st[R_LAST_NODE] = node
+        st[R_LAST_GEN] = gen
+    return status
+
+
+@kernel
+def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
+    """``checkpoint``: insert ``q[:n]`` (values ``vals``, evicted values to
+    ``out``) under ``cap``, move the request's lock to the node it ends at
+    and turn the reservation of the newly cached tokens into cached ones.
+    ``ROOM``/``FULL``/``STALE``: nothing changed. (Should the new path's
+    lock count be at ``LOCK_LIMIT``, the lock stays where it was.)"""
+    T = tree_at(D, like)
+    status = _check_request(T, st)
+    if status != DONE:
+        return status
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
+    if status != DONE:
+        return status
+    node = st[R_LAST_NODE]
+    locked = T[PARENT][node] >= 0
+    st[R_STEPS] += 1
+    if locked:
+        if not lock_fits(T, node):
+            return DONE  # (2^31 locks on one path) the lock stays where it was
+        pc_lock(T, node, 1)
+    if st[R_LOCKED]:
+        pc_lock(T, st[R_NODE], -1)
+    grown = max(0, n - st[R_CACHED])
+    moved = min(st[R_RESERVED], grown)
+    T[META][M_INFLIGHT] -= moved
+    st[R_RESERVED] -= moved
+    st[R_NODE] = node
+    st[R_GEN] = st[R_LAST_GEN]
+    st[R_LOCKED] = 1 if locked else 0
+    st[R_CACHED] = max(st[R_CACHED], n)
+    return DONE
+
+
+@kernel
+def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
+    """``finish``: insert ``q[:n]`` as ``req_checkpoint`` does, then release
+    the request's lock and reservation and close it."""
+    T = tree_at(D, like)
+    status = _check_request(T, st)
+    if status != DONE:
+        return status
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
+    if status != DONE:
+        return status
+    _release(T, st)
+    st[R_STEPS] += 1
+    st[R_PHASE] = FINISHED
+    return DONE
+
+
+@kernel
+def req_abort(D, like, st):
+    """``abort``: release the request's lock and reservation and close it."""
+    T = tree_at(D, like)
+    status = _check_request(T, st)
+    if status != DONE:
+        return status
+    _release(T, st)
+    st[R_STEPS] += 1
+    st[R_PHASE] = ABORTED
+    return DONE
+
+
+@kernel
+def _release(T, st):
+    if st[R_LOCKED]:
+        pc_lock(T, st[R_NODE], -1)
+        st[R_LOCKED] = 0
+    T[META][M_INFLIGHT] -= st[R_RESERVED]
+    st[R_RESERVED] = 0
