@@ -12,7 +12,7 @@ from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["Match", "InsertResult", "EvictResult", "Finished", "CacheFullError", "InvariantError",
+__all__ = ["Match", "BatchMatch", "InsertResult", "EvictResult", "Finished", "CacheFullError", "InvariantError",
            "ReadOnlyTreeError", "TreeFormatError", "STATS"]
 
 InsertResult = namedtuple("InsertResult", ["cached", "node", "evicted"], defaults=(None,))
@@ -25,6 +25,12 @@ Match = namedtuple("Match", ["length", "node", "values"])
 Match.__doc__ = """Result of ``match``: the page-aligned ``length`` of the longest cached
 prefix, the ``node`` ending exactly there (the namespace root when 0), and
 the prefix's ``values`` (int64 array, or ``None`` for a cache without values)."""
+
+BatchMatch = namedtuple("BatchMatch", ["lengths", "nodes", "values"])
+BatchMatch.__doc__ = """Result of ``PrefixCache.match_batch(..., with_values=True)``: per
+request the match ``lengths`` (int64) and the ``nodes`` (handles, uint64:
+they take 64 bits) as ``match`` returns them, and the matched ``values`` as a ``Batch`` (row i:
+request i's ``length`` values; ``None`` for a cache without values)."""
 
 Finished = namedtuple("Finished", ["cached", "node", "free", "evicted"])
 Finished.__doc__ = """Result of ``PrefixCache.finish``: ``cached`` leading tokens were in the

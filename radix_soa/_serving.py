@@ -19,12 +19,12 @@ from ._kernels import prefix as KP
 from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, LOCK_LIMIT, M_INFLIGHT,
                               M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
                               R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
-                              R_LAST_N, R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
+                              R_LAST_N, R_LAST_NODE, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
                               REQUEST_SIZE, STAT_SLOTS)
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        Finished, InvariantError, Match)
 from ._sequence import as_tokens, check_fits
-from ._storage import TreeStorage, roots_and_depths
+from ._storage import TreeStorage, roots_and_depths, span_positions
 from ._validate import check_int, check_length
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
@@ -198,7 +198,7 @@ class ServingMixin:
         tokens (default: its uncached tokens) against the capacity, evicting
         what it must (``Request.evicted``: free those slots) or raising
         ``CacheFullError`` when locked and reserved tokens leave no room
-        (nothing is then locked, reserved or counted). Returns a
+        (nothing changed: no split, no lock, no statistics). Returns a
         ``Request`` for ``checkpoint``/``finish``/``abort``; until then it
         is listed by ``open_requests()``.
 
@@ -321,7 +321,8 @@ class ServingMixin:
     def _transition_error(self, status, request):
         if status == FULL:
             return self._full(request.cached)
-        return ValueError("the request's lock is no longer live in this cache")
+        return ValueError("the request no longer holds its lock (an unlock() of its node "
+                          "released it); abort() the request")
 
     def _check_open(self, request):
         if not isinstance(request, Request):
@@ -432,22 +433,11 @@ class ServingMixin:
 
     # ------------------------------------------------------------ inspection
     def _check_requests(self):
-        """Invariants of the open requests (``check_invariants``): the
-        in-flight count is their reservations' sum, and each lock they hold
-        is on a live node holding at least that many locks of its own."""
-        s = self._s
+        """Invariant of the open requests (``check_invariants``): the
+        in-flight count is their reservations' sum."""
         open_now = [r for r in self._requests.values() if r.open]
         if self.inflight_tokens != sum(r.reserved for r in open_now):
             raise InvariantError("in-flight tokens == the open requests' reservations")
-        held = {}
-        for r in open_now:
-            if r._st[R_LOCKED]:
-                v = int(r._st[R_NODE])
-                if not (0 <= v < s.node_end and s.length[v] > 0 and s.gen[v] == r._st[R_GEN]):
-                    raise InvariantError("an open request's locked node is live")
-                held[v] = held.get(v, 0) + 1
-        if any(int(s.own[v]) < k for v, k in held.items()):
-            raise InvariantError("a node holds at least the locks open requests hold on it")
 
     def cached_values(self):
         """Every value the cache holds (one per cached token, all
@@ -458,12 +448,7 @@ class ServingMixin:
                 raise ValueError("this cache keeps no values (values=False)")
             end = s.node_end
             live = np.flatnonzero(s.length[:end] > 0)
-            starts = s.start[live].astype(np.int64)
-            lengths = s.length[live].astype(np.int64)
-            if lengths.sum() == 0:
-                return np.empty(0, np.int64)
-            first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-            return s.values[first + np.arange(int(lengths.sum()))].copy()
+            return s.values[span_positions(s.start[live], s.length[live])]
 
     def to_text(self, tokens_shown=6, max_lines=200):
         """The tree as text, one node per line indented by depth: its first

@@ -463,3 +463,15 @@ def batch_plan(batch, cursor, live0, grew):
         return max(tokens, guess), max(nodes, min(2 * (n - i), 2 * s.node_end))
 
     return plan
+
+
+def span_positions(starts, lengths):
+    """Every position of the spans ``starts[i] .. starts[i] + lengths[i]``,
+    span after span (int64): to gather spans out of a flat buffer.
+
+    >>> span_positions(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    lengths = lengths.astype(np.int64)
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.repeat(starts.astype(np.int64) - before, lengths) + np.arange(int(lengths.sum()))

@@ -60,7 +60,9 @@ def warmup(dtypes=(np.int64,)):
             pc.insert_batch([[1, 2], [3]], values=[[1, 2], [3]] if values else None)
             pc.touch(pc.peek([1, 2]).node)
             r = pc.begin([1, 2, 3])
+            pc.checkpoint(r, [1, 2], vals(2))
             pc.finish(r, [1, 2, 3], vals(3))
+            pc.abort(pc.begin([1]))
             pc.drop_namespace(0)
     for schedule in ("fcfs", "lpm", "dfs"):
         for host in (None, 4):

@@ -20,13 +20,13 @@ from ._kernels import descent as KD
 from ._kernels import prefix as KP
 from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS, M_POLICY,
                              M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
-from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
-                       InsertResult, InvariantError, Match, TreeFormatError)
+from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
+                       EvictResult, InsertResult, InvariantError, Match, TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
-from ._storage import TreeStorage
+from ._storage import TreeStorage, span_positions
 from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
                         check_policy)
-from .batch import as_batches, map_batches, pack_one, use_parallel
+from .batch import Batch, as_batches, map_batches, pack_one, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
@@ -108,8 +108,10 @@ class PrefixCache(ServingMixin, TreeCache):
         """What ``evict`` frees first: ``"lru"`` (least recently used),
         ``"lfu"`` (fewest inserts reached the node, ties least recent),
         ``"fifo"`` / ``"filo"`` (oldest / newest node), ``"mru"`` (most
-        recently used) or ``"priority"`` (lowest ``insert(priority=)`` of the
-        requests that reached the node, ties least recent)."""
+        recently used), ``"priority"`` (lowest ``insert(priority=)`` of the
+        requests that reached the node, ties least recent) or ``"slru"``
+        (nodes fewer than 2 inserts reached first, then the rest; least
+        recent first within each)."""
         return POLICIES[int(self._s.meta[M_POLICY])]
 
     @property
@@ -274,29 +276,66 @@ class PrefixCache(ServingMixin, TreeCache):
         return map_batches(batches, np.int64, lambda b, res: read(
             lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
 
-    def match_batch(self, batch, namespace=None):
+    def match_batch(self, batch, namespace=None, *, with_values=False):
         """Match lengths for many requests, exactly as a loop of ``match``
         (same splits, same recency updates, same stats), in one call.
 
-        ``batch``: anything ``RadixCache.exists_batch`` takes.
+        ``batch``: anything ``RadixCache.exists_batch`` takes. With
+        ``with_values=True``, a ``BatchMatch(lengths, nodes, values)``: the
+        node handles too, and the matched values as a ``Batch``.
+
+        >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3], values=[7, 8, 9])
+        >>> pc.match_batch([[1, 2], [1, 2, 3, 4], [5]]).tolist()
+        [2, 3, 0]
+        >>> m = pc.match_batch([[1, 2, 3], [1, 5]], with_values=True)
+        >>> m.lengths.tolist(), [v.tolist() for v in m.values]
+        ([3, 1], [[7, 8, 9], [7]])
         """
         self._writable()
         batches = as_batches(batch)
+        if not with_values:
+            with self._lock:
+                if self._readers:
+                    self._drain_readers()
+                return map_batches(batches, np.int64,
+                                   lambda b, out: self._match_csr(namespace, b, out))
+        s = self._s
+        parts = []
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            return map_batches(batches, np.int64,
-                               lambda b, out: self._match_csr(namespace, b, out))
+            for b in batches:
+                out = np.zeros(len(b), np.int64)
+                nodes = np.empty((len(b), 2), np.int64)
+                nodes[:, 0], nodes[:, 1] = s.root, s.gen[s.root]  # an unknown namespace's answer
+                vout = np.empty(b.flat.shape[0] if s.has_values else 0, np.int64)
+                self._match_csr(namespace, b, out, vout, nodes.reshape(-1))
+                parts.append((b, out, nodes, vout))
+            salt = self._salt
+        lengths = np.concatenate([p[1] for p in parts]) if len(parts) != 1 else parts[0][1]
+        nodes = np.concatenate([p[2] for p in parts])
+        # handles take 64 bits: uint64
+        handles = ((nodes[:, 1].astype(np.uint64) ^ np.uint64(salt)) << np.uint64(_GEN_SHIFT)) \
+            | nodes[:, 0].astype(np.uint64)
+        values = None
+        if s.has_values:  # each row's matched values, packed
+            flat = np.concatenate([vout[span_positions(b.offsets[:-1], out)]
+                                   for b, out, _, vout in parts])
+            offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            values = Batch(flat, offsets)
+        return BatchMatch(lengths, handles, values)
 
-    def _match_csr(self, namespace, b, out):
+    def _match_csr(self, namespace, b, out, vout=_NO_VALUES, nodes=_NO_VALUES):
         s = self._s
         root, _ = self._root(namespace, create=False)
         if root < 0:  # an unknown namespace: all misses, nothing created
             self._count_misses(len(b), b.num_tokens)
             return
         cursor = np.array([0, root], np.int64)
-        s.run(lambda: KP.pc_match_batch(s.T, 0, b.flat, b.offsets, self._page, cursor, out),
-              plan=lambda st, tokens, nodes: (0, max(nodes, len(b) - int(cursor[0]))))
+        s.run(lambda: KP.pc_match_batch(s.T, 0, b.flat, b.offsets, self._page, cursor, out, vout,
+                                        nodes),
+              plan=lambda st, tokens, nodes_: (0, max(nodes_, len(b) - int(cursor[0]))))
 
     # ------------------------------------------------------------ mutation
     def insert(self, tokens, values=None, namespace=None, priority=0):

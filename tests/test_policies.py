@@ -30,7 +30,25 @@ EXPECTED = {
     "mru": [5, 6],       # used last (4)
     "filo": [4, 6],      # [4] created last (3), then [5,6] (2) before [1,2,3] (1)
     "priority": [4, 6],  # [4] and [5,6] priority 0, [1,2,3] 1
+    "slru": [4, 6],      # [4], [5,6] probationary (1 insert), [1,2,3] protected (2)
 }
+
+
+def segments(cache):
+    """[1] reached by 3 inserts, then [2] by 2, then [3] by 1: evict all."""
+    for q in ([1], [1], [1], [2], [2], [3]):
+        cache.insert(q, values=q)
+    return cache.evict(3).values.tolist()
+
+
+@pytest.mark.parametrize("policy, order", [
+    ("lru", [1, 2, 3]),    # by last use
+    ("lfu", [3, 2, 1]),    # by hit count
+    ("slru", [3, 1, 2]),   # [3] probationary first; [1] and [2] protected, by last use
+])
+def test_slru_is_lru_within_two_segments(policy, order):
+    assert segments(PrefixCache(eviction_policy=policy)) == order
+    assert segments(ReferencePrefixCache(eviction_policy=policy)) == order
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -341,13 +341,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     invariants hold after every step."""
 
     @initialize(page=st.sampled_from([1, 1, 2, 3]), capacity=st.sampled_from([None, 12, 30]),
-                values=st.booleans(), policy=st.sampled_from(POLICIES))
-    def setup(self, page, capacity, values, policy):
+                values=st.booleans(), policy=st.sampled_from(POLICIES),
+                inflight=st.booleans())
+    def setup(self, page, capacity, values, policy, inflight):
         self.pc = PrefixCache(capacity=capacity, page_size=page, values=values,
-                              eviction_policy=policy)
+                              eviction_policy=policy, count_inflight=inflight)
         self.ref = ReferencePrefixCache(capacity=capacity, page_size=page, values=values,
-                                        eviction_policy=policy)
+                                        eviction_policy=policy, count_inflight=inflight)
         self.handles = []  # (ours, reference) pairs
+        self.requests = []  # open (ours, reference) request pairs
         self.values = values
         self.next_value = 0
 
@@ -381,9 +383,19 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert ours.values.tolist() == list(ref.values)
         self.handles.append((ours.node, ref.node))
 
-    @rule(batch=st.lists(tokens, max_size=5))
-    def match_batch(self, batch):
-        assert self.pc.match_batch(batch).tolist() == list(self.ref.match_batch(batch))
+    @rule(batch=st.lists(tokens, max_size=5), with_values=st.booleans())
+    def match_batch(self, batch, with_values):
+        if not with_values:
+            assert self.pc.match_batch(batch).tolist() == list(self.ref.match_batch(batch))
+            return
+        ours = self.pc.match_batch(batch, with_values=True)
+        refs = [self.ref.match(toks) for toks in batch]  # the loop it must equal
+        assert ours.lengths.tolist() == [m.length for m in refs]
+        if self.values:
+            assert [v.tolist() for v in ours.values] == [list(m.values) for m in refs]
+        else:
+            assert ours.values is None
+        self.handles.extend(zip(ours.nodes.tolist(), [m.node for m in refs]))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
@@ -418,9 +430,74 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         if self.values:
             assert ours.values.tolist() == list(ref.values)
 
+    # the request lifecycle
+    @rule(toks=tokens, ns=st.sampled_from([0, "x", "y"]),
+          reserve=st.one_of(st.none(), st.integers(0, 8)))
+    def begin(self, toks, ns, reserve):
+        try:
+            ref = self.ref.begin(toks, namespace=ns, reserve=reserve)
+        except CacheFullError:
+            before = state(self.pc)
+            with pytest.raises(CacheFullError):
+                self.pc.begin(toks, namespace=ns, reserve=reserve)
+            assert same_state(before, state(self.pc))
+            return
+        ours = self.pc.begin(toks, namespace=ns, reserve=reserve)
+        assert (ours.cached, ours.reserved) == (ref.cached, ref.reserved)
+        assert ours.evicted.num_tokens == ref.evicted.num_tokens
+        if self.values:
+            assert ours.values.tolist() == list(ref.values)
+            assert ours.evicted.values.tolist() == list(ref.evicted.values)
+        self.requests.append((ours, ref))
+
+    def _transition(self, data, name):
+        i = data.draw(st.integers(0, len(self.requests) - 1))
+        ours, ref = self.requests[i]
+        toks = data.draw(tokens)
+        vals = self._vals(toks)
+        try:
+            want = getattr(self.ref, name)(ref, toks, vals)
+        except (CacheFullError, ValueError) as exc:
+            before = state(self.pc)
+            with pytest.raises(type(exc)):
+                getattr(self.pc, name)(ours, toks, vals)
+            assert same_state(before, state(self.pc)) and ours.open
+            return
+        got = getattr(self.pc, name)(ours, toks, vals)
+        if name == "finish":
+            self.requests.pop(i)
+            assert got.cached == want[0]
+            assert got.evicted.num_tokens == want[3].num_tokens
+            got, want = got.free, want[2]
+            assert not ours.open
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.tolist() == list(want)
+        assert (ours.cached, ours.reserved) == (ref.cached, ref.reserved)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def checkpoint(self, data):
+        self._transition(data, "checkpoint")
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def finish(self, data):
+        self._transition(data, "finish")
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def abort(self, data):
+        ours, ref = self.requests.pop(data.draw(st.integers(0, len(self.requests) - 1)))
+        self.ref.abort(ref)
+        self.pc.abort(ours)
+        assert not ours.open
+
     @invariant()
     def agree(self):
         self.pc.check_invariants()
+        assert self.pc.inflight_tokens == self.ref.inflight_tokens
+        assert len(self.pc.open_requests()) == len(self.requests)
         assert self.pc.total_tokens == self.ref.total_tokens
         assert self.pc.locked_tokens == self.ref.locked_tokens
         assert self.pc.evictable_tokens == self.ref.evictable_tokens

@@ -311,3 +311,85 @@ def test_a_bad_begin_or_priority_changes_nothing():
     assert pc.namespaces == [0]
     r = pc.begin([])
     assert pc.finish(r, [], []).cached == 0  # an empty request on a cache with values
+
+
+def test_match_batch_with_values_is_a_loop_of_match_over_chunks():
+    pa = pytest.importorskip("pyarrow", reason="chunked Arrow input needs the arrow extra")
+    rng = np.random.default_rng(3)
+    stored = [rng.integers(0, 3, size=int(rng.integers(1, 12))).tolist() for _ in range(40)]
+    queries = [rng.integers(0, 3, size=int(rng.integers(0, 14))).tolist() for _ in range(60)]
+    a, b = PrefixCache(page_size=2), PrefixCache(page_size=2)
+    for i, q in enumerate(stored):
+        for pc in (a, b):
+            pc.insert(q, values=np.arange(len(q)) + 100 * i)
+    chunked = pa.chunked_array([pa.array(queries[:25], pa.list_(pa.int64())),
+                                pa.array(queries[25:], pa.list_(pa.int64()))])
+    got = a.match_batch(chunked, with_values=True)
+    loop = [b.match(q) for q in queries]
+    assert got.lengths.tolist() == [m.length for m in loop]
+    assert [v.tolist() for v in got.values] == [m.values.tolist() for m in loop]
+    assert a.stats == b.stats and a.to_text() == b.to_text()
+    # live handles of the same nodes a loop returns: locking them locks the same
+    assert [a.lock(h) for h in got.nodes.tolist()] == [b.lock(m.node) for m in loop]
+    assert a.to_text() == b.to_text()
+    a.check_invariants()
+
+
+def test_match_batch_with_values_under_an_unknown_namespace_and_without_values():
+    pc = PrefixCache(values=False)
+    pc.insert([1, 2, 3])
+    got = pc.match_batch([[1, 2], [4]], with_values=True)
+    assert got.lengths.tolist() == [2, 0] and got.values is None
+    miss = pc.match_batch([[1, 2]], namespace="nobody", with_values=True)
+    assert miss.lengths.tolist() == [0] and pc.namespaces == [0]
+    assert pc.lock(int(miss.nodes[0])) == 0  # the root: a no-op
+    pc.check_invariants()
+
+
+def test_open_requests_lists_begun_requests_until_they_end():
+    pc = PrefixCache()
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    r1, r2 = pc.begin([1, 2]), pc.begin([1, 2, 3, 4])
+    assert pc.open_requests() == [r1, r2] and r1.steps == 1
+    pc.finish(r1, [1, 2, 9], [1, 2, 9])
+    assert pc.open_requests() == [r2] and r1.steps == 2 and r1.result.cached == 2
+    pc.reset()
+    assert pc.open_requests() == [] and not r2.open
+    with pytest.raises(ValueError, match="reset"):
+        pc.abort(r2)
+
+
+def test_an_outside_unlock_of_a_requests_node_is_caught_not_double_released():
+    pc = PrefixCache()
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    r = pc.begin([1, 2, 3])
+    pc.unlock(r.node)  # takes the request's own lock away
+    assert pc.locked_tokens == 0
+    with pytest.raises(ValueError, match="no longer holds its lock"):
+        pc.finish(r, [1, 2, 3], [1, 2, 3])
+    assert r.open and pc.locked_tokens == 0
+    pc.abort(r)  # still closes it, releasing nothing twice
+    assert not r.open and pc.locked_tokens == 0
+    pc.check_invariants()
+
+
+def test_checkpoint_returns_the_slots_its_insert_evicted():
+    pc = PrefixCache(capacity=6)
+    pc.insert([7, 7, 7, 7], values=[70, 71, 72, 73])
+    r = pc.begin([1, 2])
+    free = pc.checkpoint(r, [1, 2, 3, 4], [10, 20, 30, 40])  # needs 2 of the 4 cached slots
+    assert sorted(free.tolist()) == [72, 73]
+    assert sorted(pc.cached_values().tolist()) == [10, 20, 30, 40, 70, 71]
+    pc.check_invariants()
+
+
+def test_a_begin_refused_for_room_changes_nothing():
+    pc = PrefixCache(capacity=10, count_inflight=True)
+    pc.insert([1, 2, 3, 4, 5], values=[1, 2, 3, 4, 5])
+    held = pc.begin([1, 2, 3, 4, 5, 6, 7, 8])  # 5 locked, 3 reserved
+    before = (pc.to_text(), pc.stats, pc.inflight_tokens)
+    with pytest.raises(CacheFullError):
+        pc.begin([1, 2, 9, 9, 9, 9, 9])  # would split [1..5] and reserve 5: only 2 are free
+    assert (pc.to_text(), pc.stats, pc.inflight_tokens) == before
+    assert pc.open_requests() == [held]
+    pc.check_invariants()

@@ -8,7 +8,7 @@ Arrays: ``heap`` and ``hpos`` int32 per node, ``stamp`` int64 per node,
 
 from .config import kernel
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
-                     P_LFU, P_LRU, P_MRU, P_PRIORITY, PRIORITY_OFFSET)
+                     P_LFU, P_LRU, P_MRU, P_PRIORITY, P_SLRU, PRIORITY_OFFSET, SLRU_PROTECTED)
 
 
 @kernel
@@ -84,17 +84,19 @@ def key_on_access(meta, old, clock):
         return -clock
     if p == P_FIFO or p == P_FILO:
         return old
-    return ((old >> CLOCK_BITS) << CLOCK_BITS) | clock  # lfu, priority: keep the high part
+    return ((old >> CLOCK_BITS) << CLOCK_BITS) | clock  # lfu, priority, slru: keep the high part
 
 
 @kernel
 def key_on_insert(meta, old, clock):
-    """The key of an existing node an insert reaches: lfu counts a hit,
-    priority keeps the highest priority; the rest as an access."""
+    """The key of an existing node an insert reaches: lfu counts a hit
+    (slru too, up to its protected segment: its key is then ``(protected,
+    last access)``), priority keeps the highest priority; the rest as an
+    access."""
     p = meta[M_POLICY]
-    if p == P_LFU:
+    if p == P_LFU or p == P_SLRU:
         hits = old >> CLOCK_BITS
-        if hits < MAX_HITS:
+        if hits < (MAX_HITS if p == P_LFU else SLRU_PROTECTED):
             hits += 1
         return (hits << CLOCK_BITS) | clock
     if p == P_PRIORITY:
@@ -109,7 +111,7 @@ def key_on_create(meta, clock):
     p = meta[M_POLICY]
     if p == P_MRU or p == P_FILO:
         return -clock
-    if p == P_LFU:
+    if p == P_LFU or p == P_SLRU:
         return (1 << CLOCK_BITS) | clock
     if p == P_PRIORITY:
         return ((meta[M_PRIORITY] + PRIORITY_OFFSET) << CLOCK_BITS) | clock

@@ -101,12 +101,14 @@ LIMIT = 4           # a lock count would pass LOCK_LIMIT (nothing changed)
 # node (``stamp``), lowest first, ties by node id. Each policy packs what it
 # scores into the key: lru the last access tick, mru its negation, fifo/filo
 # the creation tick (or its negation), lfu ``hits << CLOCK_BITS | last``,
-# priority ``(priority + PRIORITY_OFFSET) << CLOCK_BITS | last``.
-P_LRU, P_LFU, P_FIFO, P_MRU, P_FILO, P_PRIORITY = range(6)
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+# priority ``(priority + PRIORITY_OFFSET) << CLOCK_BITS | last``, slru as
+# lfu with hits saturating at SLRU_PROTECTED (1: probationary, 2: protected).
+P_LRU, P_LFU, P_FIFO, P_MRU, P_FILO, P_PRIORITY, P_SLRU = range(7)
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 CLOCK_BITS = 40                 # ticks a packed key can hold (lfu, priority)
 CLOCK_MASK = (1 << CLOCK_BITS) - 1
 MAX_HITS = (1 << 22) - 1        # lfu hit counts saturate here
+SLRU_PROTECTED = 2              # slru: a node reached this often is protected
 PRIORITY_OFFSET = 1 << 21       # priorities lie in [-2^21, 2^21)
 
 # Lock counts are int32. A user lock stops one short of the int32 maximum so

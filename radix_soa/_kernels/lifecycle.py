@@ -11,14 +11,18 @@ as everywhere (``layout``); after ``ROOM``, ``FULL``, ``LIMIT`` or
 """
 
 from .config import kernel
+from .descent import descend
 from .directory import tree_at
-from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, LIMIT, M_CLOCK, M_EVICTED_TOKENS,
-                     M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS, M_LOOKUPS, M_PRIORITY,
-                     M_QUERY_TOKENS, M_TOKENS, META, OPEN, PARENT, R_BEGUN, R_CACHED, R_FREED,
-                     R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN, R_LAST_N,
-                     R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE, R_RESERVED, R_STEPS, STALE, START,
-                     LENGTH, VALUES)
-from .prefix import _insert_one, handle_live, lock_fits, path_values, pc_evict, pc_lock, pc_match
+from .heap import touch
+from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIMIT, LOCK,
+                     M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
+                     M_LOOKUPS, M_PRIORITY, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
+                     PARENT, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED,
+                     R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE,
+                     R_RESERVED, R_STEPS, STALE, STAMP, START, TABLE, TOKENS, VALUES)
+from .mutation import split
+from .prefix import (_insert_one, handle_live, lock_fits, path_unlocked, path_values, pc_evict,
+                     pc_lock)
 from .table import has_room, need_room
 
 
@@ -31,38 +35,52 @@ def req_begin(D, like, root, known, q, page, out, capacity, reserve, evict_out, 
     reservation needs. The matched values go to ``out``. Returns ``DONE``,
     ``ROOM`` (a node for the split), ``FULL`` (locked and reserved tokens
     leave no room) or ``LIMIT`` (the path's lock count is at its limit);
-    only ``DONE`` counts the lookup."""
+    all but ``DONE`` before changing anything."""
     T = tree_at(D, like)
     meta = T[META]
     qn = q.shape[0]
     if st[R_PHASE] != 0:
         return STALE
-    if known and not has_room(T, 0, 1):
-        return need_room(T, 0, 1)
     length = 0
-    v = root
+    v, c, k = root, NO_NODE, 0
+    newly_locked = 0
     if known:
-        meta[M_CLOCK] += 1
-        length, v = pc_match(T, root, q, 0, qn - qn % page, page, meta[M_CLOCK])
-    locked = T[PARENT][v] >= 0
-    if locked:
-        if not lock_fits(T, v):
+        if not has_room(T, 0, 1):
+            return need_room(T, 0, 1)
+        v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
+                               qn - qn % page, page)
+        length = pos + k
+        end = c if c != NO_NODE else v
+        if T[PARENT][end] >= 0 and not lock_fits(T, end):
             return LIMIT
-        pc_lock(T, v, 1)
+        newly_locked = path_unlocked(T, root, v) + (k if c != NO_NODE and T[LOCK][c] == 0
+                                                    else 0)
     need = 0
-    freed = 0
+    want = 0
     if capacity >= 0:
         need = reserve if reserve >= 0 else qn - length
         over = meta[M_TOKENS] + meta[M_INFLIGHT] + need - capacity
         if over > 0:
-            evictable = meta[M_TOKENS] - meta[M_LOCKED_TOKENS]
+            evictable = meta[M_TOKENS] - meta[M_LOCKED_TOKENS] - newly_locked
             want = min(-(-over // page) * page, evictable)
             if over > evictable or (T[VALUES].shape[0] > 0 and want > evict_out.shape[0]):
-                if locked:
-                    pc_lock(T, v, -1)
                 return FULL
-            freed = pc_evict(T, want, page, evict_out)
-            meta[M_EVICTED_TOKENS] += freed
+    # from here on nothing can fail
+    if known:
+        meta[M_CLOCK] += 1
+        if c != NO_NODE:
+            v = split(T, c, k, page, True)
+        w = v
+        while w != root:
+            touch(T[HEAP], T[HPOS], T[STAMP], meta, w, meta[M_CLOCK])
+            w = T[PARENT][w]
+    locked = T[PARENT][v] >= 0
+    if locked:
+        pc_lock(T, v, 1)
+    freed = 0
+    if want > 0:
+        freed = pc_evict(T, want, page, evict_out)
+        meta[M_EVICTED_TOKENS] += freed
     meta[M_INFLIGHT] += need
     if T[VALUES].shape[0] > 0:
         path_values(T[START], T[LENGTH], T[PARENT], T[VALUES], v, length, out)
@@ -82,11 +100,17 @@ def req_begin(D, like, root, known, q, page, out, capacity, reserve, evict_out, 
 
 
 @kernel
+def _lock_held(T, st):
+    """True unless the request's lock is gone: an ``unlock`` of its node
+    from outside took it (and the node may since have been evicted)."""
+    return not st[R_LOCKED] or (handle_live(T, st[R_NODE], st[R_GEN])
+                                and T[OWN][st[R_NODE]] > 0)
+
+
+@kernel
 def _check_request(T, st):
-    """``DONE`` if ``st`` is an open request whose lock (if any) is live."""
-    if st[R_PHASE] != OPEN:
-        return STALE
-    if st[R_LOCKED] and not handle_live(T, st[R_NODE], st[R_GEN]):
+    """``DONE`` if ``st`` is an open request whose lock (if any) is held."""
+    if st[R_PHASE] != OPEN or not _lock_held(T, st):
         return STALE
     return DONE
 
@@ -161,11 +185,13 @@ def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
 
 @kernel
 def req_abort(D, like, st):
-    """``abort``: release the request's lock and reservation and close it."""
+    """``abort``: release the request's lock (unless an outside ``unlock``
+    took it already) and reservation, and close it."""
     T = tree_at(D, like)
-    status = _check_request(T, st)
-    if status != DONE:
-        return status
+    if st[R_PHASE] != OPEN:
+        return STALE
+    if not _lock_held(T, st):
+        st[R_LOCKED] = 0
     _release(T, st)
     st[R_STEPS] += 1
     st[R_PHASE] = ABORTED

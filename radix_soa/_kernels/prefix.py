@@ -81,12 +81,14 @@ def pc_match_one(D, like, root, ns, q, page, out):
 
 
 @kernel
-def pc_match_batch(T, ns, flat, offsets, page, cursor, out):
-    """``pc_match_one`` (lengths only) for sequences ``cursor[0]..`` of a CSR
-    batch under root ``cursor[1]`` (made first for namespace number ``ns``
-    when it is -1), the clock ticking once per sequence; ``out`` int64 per
-    sequence. Returns ``DONE``, or ``ROOM`` with ``cursor[0]`` at the first
-    sequence not matched."""
+def pc_match_batch(T, ns, flat, offsets, page, cursor, out, vout, nodes):
+    """``pc_match_one`` for sequences ``cursor[0]..`` of a CSR batch under
+    root ``cursor[1]`` (made first for namespace number ``ns`` when it is
+    -1), the clock ticking once per sequence; lengths to ``out`` (int64 per
+    sequence), and unless empty, the matched values to ``vout`` (parallel to
+    ``flat``: sequence i's at its own offset) and ``(node, generation)`` to
+    ``nodes[2i], nodes[2i+1]``. Returns ``DONE``, or ``ROOM`` with
+    ``cursor[0]`` at the first sequence not matched."""
     n = offsets.shape[0] - 1
     meta = T[META]
     if cursor[1] < 0:
@@ -102,6 +104,11 @@ def pc_match_batch(T, ns, flat, offsets, page, cursor, out):
         qn = offsets[i + 1] - qs
         meta[M_CLOCK] += 1
         out[i], v = pc_match(T, root, flat, qs, qn - qn % page, page, meta[M_CLOCK])
+        if nodes.shape[0] > 0:
+            nodes[2 * i] = v
+            nodes[2 * i + 1] = T[GEN][v]
+        if vout.shape[0] > 0:
+            path_values(T[START], T[LENGTH], T[PARENT], T[VALUES], v, out[i], vout[qs:])
         meta[M_LOOKUPS] += 1
         meta[M_QUERY_TOKENS] += qn
         meta[M_HIT_TOKENS] += out[i]

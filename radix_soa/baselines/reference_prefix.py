@@ -59,6 +59,7 @@ _POLICY_KEYS = {
     "mru": lambda v: -v.stamp,
     "filo": lambda v: -v.created,
     "priority": lambda v: (v.priority, v.stamp),
+    "slru": lambda v: (1 if v.hits >= 2 else 0, v.stamp),  # probationary, then protected
 }
 
 
@@ -86,6 +87,22 @@ class _Node:
                 f"stamp={self.stamp}>")
 
 
+class _Request:
+    """A request of the reference lifecycle: its namespace, the node it holds
+    locked (None: none), the tokens cached for it, the values ``begin``
+    found, its reservation and what ``begin`` evicted."""
+
+    __slots__ = ("namespace", "node", "cached", "values", "reserved", "evicted")
+
+    def __init__(self, namespace, node, cached, values):
+        self.namespace = namespace
+        self.node = node if node is not None and node.parent is not None else None
+        self.cached = cached
+        self.values = values
+        self.reserved = 0
+        self.evicted = EvictResult(0, _EMPTY.copy() if values is not None else None)
+
+
 class ReferencePrefixCache:
     """A RadixAttention-style prefix cache over integer token sequences.
 
@@ -95,7 +112,8 @@ class ReferencePrefixCache:
     ``values``: keep one int64 value (a KV slot id) per cached token.
     """
 
-    def __init__(self, capacity=None, page_size=1, values=True, eviction_policy="lru"):
+    def __init__(self, capacity=None, page_size=1, values=True, eviction_policy="lru",
+                 count_inflight=False):
         if eviction_policy not in _POLICY_KEYS:
             raise ValueError(f"eviction_policy must be one of {', '.join(_POLICY_KEYS)}")
         self._score = _POLICY_KEYS[eviction_policy]
@@ -117,6 +135,8 @@ class ReferencePrefixCache:
         self._total = 0
         self._locked = 0
         self._stats = dict.fromkeys(STATS, 0)
+        self._count_inflight = bool(count_inflight)
+        self._inflight = 0        # tokens open requests reserve (count_inflight)
 
     # ------------------------------------------------------------ properties
     @property
@@ -322,15 +342,20 @@ class ReferencePrefixCache:
         """
         t, raw = self._tokens(tokens)
         vals = self._values(values, raw)
-        root = self._root(namespace)
+        capacity = self._capacity
+        if capacity is not None and self._count_inflight:
+            capacity = max(0, capacity - self._inflight)
+        return self._insert(t, vals, self._root(namespace), priority, capacity)
+
+    def _insert(self, t, vals, root, priority, capacity):
         n = len(t)
 
         node, pos, x, k = self._descend(root, t)
         cached = pos + k
         evicted = EvictResult(0, _EMPTY.copy() if self._has_values else None)
-        if self._capacity is not None and self._total + n - cached > self._capacity:
+        if capacity is not None and self._total + n - cached > capacity:
             evicted = self._make_room(x if x is not None else node,
-                                      self._total + n - cached - self._capacity)
+                                      self._total + n - cached - capacity)
 
         self._clock += 1
         now = self._clock
@@ -372,6 +397,96 @@ class ReferencePrefixCache:
             return self._evict(need)
         finally:
             self._unlock(deepest)
+
+    # ------------------------------------------------------------ lifecycle
+    # PrefixCache.begin/checkpoint/finish/abort, composed of the calls above
+    def begin(self, tokens, namespace=0, reserve=None):
+        """Match and lock ``tokens``' cached prefix; with ``count_inflight``
+        reserve ``reserve`` tokens (default: the unmatched ones), evicting
+        what that needs, or raise ``CacheFullError`` (nothing locked,
+        reserved or counted; a split the match made stays)."""
+        t, raw = self._tokens(tokens)
+        key = namespace if isinstance(namespace, str) else operator.index(namespace)
+        root = self._roots.get(key)
+        length, newly_locked = 0, 0
+        if root is not None:  # what the match will find and lock, read only
+            node, pos, x, k = self._descend(root, t)
+            length = pos + k
+            newly_locked = k if x is not None and x.lock == 0 else 0
+            while node.parent is not None:
+                newly_locked += len(node.edge) if node.lock == 0 else 0
+                node = node.parent
+        need, want = 0, 0
+        if self._count_inflight and self._capacity is not None:
+            need = raw - length if reserve is None else operator.index(reserve)
+            over = self._total + self._inflight + need - self._capacity
+            if over > 0:
+                evictable = self._total - self._locked - newly_locked
+                if over > evictable:
+                    raise CacheFullError(f"no room to reserve {need} tokens")
+                want = min(-(-over // self._page) * self._page, evictable)
+        if root is not None:
+            m = self._match(root, t, raw)
+        else:  # an unknown namespace: a miss, and nothing is created
+            self._stats["lookups"] += 1
+            self._stats["query_tokens"] += raw
+            m = Match(0, None, _EMPTY.copy() if self._has_values else None)
+        request = _Request(namespace, m.node, m.length, m.values)
+        if request.node is not None:
+            self._lock(m.node)
+        if want:
+            request.evicted = self._evict(want)
+        request.reserved = need
+        self._inflight += need
+        return request
+
+    def _cache_request(self, request, tokens, values):
+        if request.node is not None and request.node.own == 0:
+            raise ValueError("the request no longer holds its lock")
+        t, raw = self._tokens(tokens)
+        vals = self._values(values, raw)
+        capacity = self._capacity
+        if capacity is not None and self._count_inflight:
+            capacity = max(0, capacity - self._inflight + request.reserved)
+        r = self._insert(t, vals, self._root(request.namespace), 0, capacity)
+        dup = vals[request.cached:r.cached] if self._has_values else None
+        return r, len(t), vals, dup
+
+    def checkpoint(self, request, tokens, values):
+        """Cache what ``request`` computed so far, move its lock to the new
+        node; returns its duplicate slots, then the evicted ones."""
+        r, n, vals, dup = self._cache_request(request, tokens, values)
+        if r.node.parent is not None:
+            self._lock(r.node)
+        if request.node is not None:
+            self._unlock(request.node)
+        request.node = r.node if r.node.parent is not None else None
+        moved = min(request.reserved, max(0, n - request.cached))
+        request.reserved -= moved
+        self._inflight -= moved
+        request.cached = max(request.cached, n)
+        return np.concatenate([dup, r.evicted.values]) if self._has_values else None
+
+    def finish(self, request, tokens, values):
+        """Cache ``request``'s tokens, release its lock and reservation:
+        ``(cached, node, free, evicted)`` as ``PrefixCache.finish``."""
+        r, n, vals, dup = self._cache_request(request, tokens, values)
+        self.abort(request)
+        free = np.concatenate([dup, vals[n:]]) if self._has_values else None
+        return r.cached, r.node, free, r.evicted
+
+    def abort(self, request):
+        """Release ``request``'s lock (unless an outside ``unlock`` took it)
+        and reservation."""
+        if request.node is not None and request.node.own > 0:
+            self._unlock(request.node)
+            request.node = None
+        self._inflight -= request.reserved
+        request.reserved = 0
+
+    @property
+    def inflight_tokens(self):
+        return self._inflight
 
     # ------------------------------------------------------------ locks
     def lock(self, node):
