@@ -16,7 +16,7 @@ import numpy as np
 
 from ._kernels import lifecycle as KL
 from ._kernels import prefix as KP
-from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, LOCK_LIMIT, M_INFLIGHT,
+from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, ROOM, LOCK_LIMIT, M_INFLIGHT,
                               M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
                               R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
                               R_LAST_N, R_LAST_NODE, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
@@ -25,9 +25,10 @@ from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, Evict
                        Finished, InvariantError, Match)
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, roots_and_depths, span_positions
-from ._validate import check_int, check_length
+from ._validate import MAX_SEQUENCE_TOKENS, check_int, check_length
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
+_INT64 = np.dtype(np.int64)
 
 
 class Request:
@@ -99,19 +100,21 @@ class Request:
     def result(self):
         """What the last committed ``checkpoint`` (the array of slots to
         free) or ``finish`` (``Finished``) returned; None before either."""
-        st = self._st
-        inputs = self._inputs.get(int(st[R_STEPS]))
+        st = self._st.tolist()
+        inputs = self._inputs.get(st[R_STEPS])
         if inputs is None:
             return None
         vals, out = inputs
-        has_values = self.owner.has_values
-        cached, n, freed = int(st[R_LAST_CACHED]), int(st[R_LAST_N]), int(st[R_LAST_FREED])
-        dup = vals[int(st[R_LAST_FROM]):cached] if has_values else None
-        if int(st[R_PHASE]) != FINISHED:  # a checkpoint: duplicates and evicted slots
+        has_values = self.owner._s.has_values
+        cached, n, freed = st[R_LAST_CACHED], st[R_LAST_N], st[R_LAST_FREED]
+        dup = vals[st[R_LAST_FROM]:cached] if has_values else None
+        if st[R_PHASE] != FINISHED:  # a checkpoint: duplicates and evicted slots
             return np.concatenate([dup, out[:freed]]) if has_values else None
         evicted = (NOTHING_EVICTED[has_values] if not freed
                    else EvictResult(freed, out[:freed] if has_values else None))
-        free = np.concatenate([dup, vals[n:]]) if has_values else None
+        free = None
+        if has_values:
+            free = dup.copy() if n == vals.shape[0] else np.concatenate([dup, vals[n:]])
         return Finished(cached, self.owner._handle(st[R_LAST_NODE], st[R_LAST_GEN]), free,
                         evicted)
 
@@ -119,8 +122,10 @@ class Request:
         """Record the inputs of the transition about to run (one store, keyed
         by the step it will be), so ``result`` can be rebuilt after it."""
         step = int(self._st[R_STEPS]) + 1
-        self._inputs[step] = (vals, out)
-        self._inputs.pop(step - 2, None)
+        inputs = self._inputs
+        inputs[step] = (vals, out)
+        if len(inputs) > 2:
+            inputs.pop(step - 2, None)
 
     def __repr__(self):
         state = {OPEN: "open", FINISHED: "finished", ABORTED: "aborted"}.get(
@@ -211,27 +216,37 @@ class ServingMixin:
         >>> f.cached, f.free.tolist(), pc.locked_tokens
         (3, [], 0)
         """
-        self._writable()
+        s = self._s
+        if s.readonly:
+            self._writable()
         q = as_tokens(tokens)
         reserve = -1 if reserve is None else self._check_reserve(reserve)
-        s = self._s
+        if namespace is None:
+            namespace = 0
+        # the capacity a reservation counts against (-1: none)
+        capacity = self._cap if self._count_inflight else -1
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            root, _ = self._root(namespace, create=False)
+            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            if root < 0:
+                root, _ = self._root(namespace, create=False)
             known = root >= 0
             if not known:  # an unknown namespace: a miss, and nothing is created
                 root = s.root
-            capacity = self._capacity if self._count_inflight and self._capacity is not None \
-                else -1
             out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
-            evict_out = self._begin_evict_out(capacity, q.shape[0] if reserve < 0 else reserve)
+            evict_out = _NO_VALUES if capacity < 0 else self._begin_evict_out(
+                capacity, q.shape[0] if reserve < 0 else reserve)
             request = Request(self, namespace, out, evict_out)
             # listed before its kernel runs: a begin interrupted after it is
             # still found by open_requests() (and the listing skips the others)
             self._requests[id(request)] = request
-            status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
-                                                capacity, reserve, evict_out, request._st))
+            st = request._st
+            status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, capacity, reserve,
+                                  evict_out, st)
+            if status == ROOM:
+                status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
+                                                    capacity, reserve, evict_out, st))
             if status != DONE:
                 del self._requests[id(request)]
                 if status == LIMIT:
@@ -247,7 +262,7 @@ class ServingMixin:
         """``out`` for the values ``begin`` may evict: at most its
         reservation plus any excess over the capacity, in whole pages."""
         s = self._s
-        if capacity < 0 or not s.has_values:
+        if not s.has_values:
             return _NO_VALUES
         meta = s.meta
         excess = max(0, int(meta[M_TOKENS] + meta[M_INFLIGHT]) - capacity)
@@ -294,26 +309,42 @@ class ServingMixin:
     def _transition(self, kernel, request, tokens, values):
         """Run ``checkpoint``'s or ``finish``'s kernel: validate everything,
         then one kernel call (resumed after growth)."""
-        self._writable()
-        q = as_tokens(tokens)
         s = self._s
+        if s.readonly:
+            self._writable()
+        q = as_tokens(tokens)
+        nq = q.shape[0]
         if s.narrow:
             check_fits(q, s.dtype)
-        check_length(q.shape[0])
-        vals = self._check_values(values, q.shape[0])
-        n = q.shape[0] - q.shape[0] % self._page
+        if nq > MAX_SEQUENCE_TOKENS:
+            check_length(nq)  # raises
+        if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
+                and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
+            vals = values  # the common case, checked inline
+        else:
+            vals = self._check_values(values, nq)
+        n = nq - nq % self._page
         priority = 0
         with self._lock:
             if self._readers:
                 self._drain_readers()
             self._check_open(request)
-            root, ns = self._root(request.namespace)
+            namespace = request.namespace
+            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            ns = 0
+            if root < 0:
+                root, ns = self._root(namespace)
+            st = request._st
             # the request's own reservation becomes cached tokens
-            cap = self._kernel_cap(own=request.reserved)
-            out = np.empty(n if cap >= 0 and s.has_values else 0, np.int64)
+            cap = self._cap
+            if self._count_inflight:
+                cap = self._kernel_cap(own=int(st[R_RESERVED]))
+            out = np.empty(n, np.int64) if cap >= 0 and s.has_values else _NO_VALUES
             request._stage(vals, out)
-            status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out,
-                                          priority, request._st))
+            status = kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority, st)
+            if status == ROOM:
+                status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
+                                              out, priority, st))
             if root < 0:
                 self._roots_in_sync()
         return status
