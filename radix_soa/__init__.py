@@ -14,8 +14,8 @@ footprint studies (``rs.traces``, ``rs.workloads``, ``rs.replay``,
 array baselines.
 """
 
-from ._results import (CacheFullError, EvictResult, Finished, InsertResult, InvariantError,
-                       Match, ReadOnlyTreeError, TreeFormatError)
+from ._results import (BatchMatch, CacheFullError, EvictResult, Finished, InsertResult,
+                       InvariantError, Match, ReadOnlyTreeError, TreeFormatError)
 from ._serving import Request
 from .batch import Batch, csr, pack
 from .radix_cache import RadixCache
@@ -27,7 +27,8 @@ from .baselines.replay_reference import replay_reference
 from ._warmup import warmup
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
-           "Match", "EvictResult", "Finished", "Request", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
-           "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
-           "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]
+           "Match", "BatchMatch", "EvictResult", "Finished", "Request", "InvariantError", "warmup",
+           "replay", "sweep", "ReplayResult", "SweepResult", "replay_reference",
+           "compare_footprint", "FootprintTable", "ReadOnlyTreeError", "TreeFormatError",
+           "schedule", "traces", "workloads"]
 __version__ = "0.2.0.dev0"
