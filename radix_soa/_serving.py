@@ -113,7 +113,7 @@ class Request:
         evicted = (NOTHING_EVICTED[has_values] if not freed
                    else EvictResult(freed, out[:freed] if has_values else None))
         free = None
-        if has_values:
+        if has_values:  # (values for the whole pages only: no partial page to free)
             free = dup.copy() if n == vals.shape[0] else np.concatenate([dup, vals[n:]])
         return Finished(cached, self.owner._handle(st[R_LAST_NODE], st[R_LAST_GEN]), free,
                         evicted)
@@ -283,8 +283,8 @@ class ServingMixin:
 
     def finish(self, request, tokens, values):
         """A request is done: cache ``tokens`` (prompt + output, whole pages)
-        with their ``values``, release its lock and its in-flight
-        reservation. Returns ``Finished(cached, node, free, evicted)``:
+        with their ``values`` (one per token, or for the whole pages only),
+        release its lock and its in-flight reservation. Returns ``Finished(cached, node, free, evicted)``:
         ``free`` holds the slots the caller must free (duplicates of tokens
         already cached, and the partial last page), ``evicted`` what making
         room freed (free those too). Interrupted, it either happened or did
@@ -318,12 +318,12 @@ class ServingMixin:
             check_fits(q, s.dtype)
         if nq > MAX_SEQUENCE_TOKENS:
             check_length(nq)  # raises
+        n = nq - nq % self._page
         if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
                 and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
             vals = values  # the common case, checked inline
         else:
-            vals = self._check_values(values, nq)
-        n = nq - nq % self._page
+            vals = self._check_values(values, nq, n)  # every token's, or the whole pages'
         priority = 0
         with self._lock:
             if self._readers:

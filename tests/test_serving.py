@@ -393,3 +393,22 @@ def test_a_begin_refused_for_room_changes_nothing():
     assert (pc.to_text(), pc.stats, pc.inflight_tokens) == before
     assert pc.open_requests() == [held]
     pc.check_invariants()
+
+
+def test_finish_and_checkpoint_take_values_for_the_whole_pages_only():
+    pc = PrefixCache(page_size=4)
+    r = pc.begin(list(range(10)))
+    assert pc.checkpoint(r, list(range(6)), [50, 51, 52, 53]).tolist() == []  # 4 of 6: one page
+    assert r.cached == 4
+    other = pc.begin(list(range(4)) + [7, 7, 7, 7])
+    pc.finish(other, list(range(4)) + [7, 7, 7, 7], [50, 51, 52, 53, 60, 61, 62, 63])
+    # 8 of 10 tokens: two pages; the first is the request's own checkpoint
+    done = pc.finish(r, list(range(10)), [50, 51, 52, 53, 104, 105, 106, 107])
+    assert done.cached == 4 and done.free.tolist() == []
+    assert pc.match(list(range(10))).values.tolist() == [50, 51, 52, 53, 104, 105, 106, 107]
+    late = pc.begin([0, 1])  # found nothing beyond 0 pages: its slots for page 2 are duplicates
+    done = pc.finish(late, list(range(8)), [80, 81, 82, 83, 84, 85, 86, 87])
+    assert done.cached == 8 and done.free.tolist() == [80, 81, 82, 83, 84, 85, 86, 87]
+    with pytest.raises(ValueError, match="pass 10 or 8"):
+        pc.finish(pc.begin([1]), list(range(10)), list(range(9)))
+    pc.check_invariants()
