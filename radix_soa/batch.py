@@ -119,13 +119,15 @@ def _offsets_array(offsets, n_flat):
         raise ValueError(f"offsets must be 1-D with at least one entry; got shape {off.shape}")
     if off.dtype.kind not in "iu":
         raise TypeError(f"offsets must be integers; got dtype {off.dtype}")
-    off = np.array(off, dtype=_INT64, order="C", copy=True)  # ours: the caller cannot move it
+    off = off.astype(_INT64)  # a new contiguous array, ours: the caller cannot move it
     off.flags.writeable = False
-    if off[0] != 0:
-        raise ValueError(f"offsets must start at 0; got {int(off[0])}")
-    if off[-1] != n_flat:
-        raise ValueError(f"offsets must end at len(flat) = {n_flat}; got {int(off[-1])}")
-    if off.shape[0] > 1 and np.any(off[1:] < off[:-1]):
+    # scalar and method forms below: this runs once per chunk of a chunked column
+    first, last = off[[0, -1]].tolist()
+    if first != 0:
+        raise ValueError(f"offsets must start at 0; got {first}")
+    if last != n_flat:
+        raise ValueError(f"offsets must end at len(flat) = {n_flat}; got {last}")
+    if off.shape[0] > 1 and (off[1:] < off[:-1]).any():
         i = int(np.flatnonzero(off[1:] < off[:-1])[0])
         raise ValueError(f"offsets must be non-decreasing; offsets[{i + 1}] < offsets[{i}]")
     return off
