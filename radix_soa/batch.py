@@ -240,7 +240,10 @@ def _pack_arrays(items):
     lengths = np.fromiter(map(len, items), _INT64, len(items))
     offsets = np.zeros(len(items) + 1, _INT64)
     np.cumsum(lengths, out=offsets[1:])
-    return Batch(np.concatenate(items), offsets)
+    flat = np.concatenate(items)
+    if flat.dtype != _INT64:  # int64 as the per-item path gives (uint64 checked to fit)
+        flat = _flat_array(flat).astype(_INT64, copy=False)
+    return Batch(flat, offsets)
 
 
 def _item_tokens(i, x):

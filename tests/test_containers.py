@@ -236,6 +236,9 @@ def test_object_arrays_of_sequences(rc):
         assert rs.pack(arr) == rs.pack(SEQS)
     mixed = object_array([np.array(s, np.int32 if i % 2 else np.int64) for i, s in enumerate(SEQS)])
     assert answers(rc, mixed) == expected(rc)
+    for dtype in (np.int32, np.uint16):  # converted as the per-sequence path converts
+        packed = rs.pack(object_array([np.array(s, dtype) for s in SEQS]))
+        assert packed.flat.dtype == np.int64 and packed == rs.pack(SEQS)
     assert rs.pack(object_array([])).offsets.tolist() == [0]
 
 
@@ -248,6 +251,8 @@ def test_object_arrays_with_bad_elements_name_the_sequence(rc):
         rs.pack(object_array([np.array([1]), np.ones((2, 2), np.int64)]))
     with pytest.raises(OverflowError, match="does not fit in a signed 64-bit"):
         rs.pack(object_array([np.array([2**63], np.uint64), np.array([1], np.int64)]))
+    with pytest.raises(OverflowError, match="does not fit in a signed 64-bit"):
+        rs.pack(object_array([np.array([2**63], np.uint64), np.array([1], np.uint64)]))
     big = np.array([2**63 - 1], np.uint64)
     assert rs.pack(object_array([big, np.array([1], np.int64)])).flat.tolist() == [2**63 - 1, 1]
     with pytest.raises(ValueError, match="1-D object array of sequences; got a 1-D int64"):
