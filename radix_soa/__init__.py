@@ -18,6 +18,7 @@ from ._results import (CacheFullError, EvictResult, Finished, InsertResult, Inva
                        Match, ReadOnlyTreeError, TreeFormatError)
 from ._serving import Request
 from .batch import Batch, csr, pack
+from ._dedup import first_occurrence
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
 from .studies import schedule, traces, workloads
@@ -29,5 +30,6 @@ from ._warmup import warmup
 __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
            "Match", "EvictResult", "Finished", "Request", "InvariantError", "warmup", "replay", "sweep", "ReplayResult",
            "SweepResult", "replay_reference", "compare_footprint", "FootprintTable",
-           "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads"]
+           "ReadOnlyTreeError", "TreeFormatError", "schedule", "traces", "workloads",
+           "first_occurrence"]
 __version__ = "0.2.0.dev0"
