@@ -18,7 +18,7 @@ from itertools import chain
 
 import numpy as np
 
-from ._arrow import arrow_csr, arrow_data
+from ._arrow import arrow_csr, arrow_data, objects_csr
 from ._sequence import as_tokens, has_bool
 
 _INT64 = np.dtype(np.int64)
@@ -157,6 +157,10 @@ def pack(seqs):
     if _is_csr_pair(seqs):
         return csr(*seqs)
     if isinstance(seqs, np.ndarray) and seqs.ndim == 1 and seqs.dtype == object:
+        read = objects_csr(seqs)
+        if read is not None:
+            flat, offsets = read
+            return Batch(_flat_array(flat).astype(_INT64, copy=False), offsets)  # uint64 checked
         seqs = seqs.tolist()  # its elements, each a sequence
     elif isinstance(seqs, np.ndarray):
         if seqs.ndim != 2:

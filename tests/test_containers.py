@@ -229,7 +229,14 @@ def object_array(items):
     return out
 
 
-def test_object_arrays_of_sequences(rc):
+@pytest.fixture(params=["through pyarrow", "without pyarrow"])
+def either_path(request, monkeypatch):
+    """Object arrays are read by pyarrow.array when it is there, else by NumPy."""
+    if request.param == "without pyarrow":
+        monkeypatch.setitem(sys.modules, "pyarrow", None)
+
+
+def test_object_arrays_of_sequences(rc, either_path):
     for make in (np.array, list, tuple, lambda s: np.array(s, np.int32)):
         arr = object_array([make(s) for s in SEQS])
         assert answers(rc, arr) == expected(rc)
@@ -242,7 +249,7 @@ def test_object_arrays_of_sequences(rc):
     assert rs.pack(object_array([])).offsets.tolist() == [0]
 
 
-def test_object_arrays_with_bad_elements_name_the_sequence(rc):
+def test_object_arrays_with_bad_elements_name_the_sequence(rc, either_path):
     with pytest.raises(TypeError, match="sequence 1: .*dtype float64"):
         rs.pack(object_array([np.array([1]), np.array([2.0])]))
     with pytest.raises(TypeError, match="sequence 0: .*dtype bool"):
