@@ -53,8 +53,9 @@ def _by_hash(b, hashes):
     index = np.arange(n, dtype=np.int64)
     lengths = b.lengths
     order = np.lexsort((index, hashes, lengths))  # by length, hash, then index
-    head = np.ones(n, bool)
-    head[1:] = (lengths[order][1:] != lengths[order][:-1]) | (hashes[order][1:] != hashes[order][:-1])
+    key_len, key_hash = lengths[order], hashes[order]
+    head = np.ones(n, bool)  # the first of each run of equal (length, hash)
+    head[1:] = (key_len[1:] != key_len[:-1]) | (key_hash[1:] != key_hash[:-1])
     group_first = order[np.flatnonzero(head)]
     first = np.empty(n, np.int64)
     first[order] = group_first[np.cumsum(head) - 1]

@@ -140,10 +140,10 @@ def pack(seqs):
     arrays (mixed freely), a 1-D NumPy object array of such sequences (what
     ``datasets``' numpy format and pandas object columns hold), a 2-D
     integer array (one sequence per row), Arrow data (see ``as_batches``;
-    chunks are concatenated) or a ``Batch`` (returned as is). One rule everywhere: a 2-tuple of NumPy
-    arrays is a CSR pair ``(flat, offsets)`` (``csr(flat, offsets)`` says so
-    explicitly); pass two sequences as a list. Errors name the offending
-    sequence.
+    chunks are concatenated) or a ``Batch`` (returned as is). One rule
+    everywhere: a 2-tuple of NumPy arrays is a CSR pair ``(flat, offsets)``
+    (``csr(flat, offsets)`` says so explicitly); pass two sequences as a
+    list. Errors name the offending sequence.
 
     >>> pack([np.array([1, 2]), [3]]).offsets.tolist()
     [0, 2, 3]
@@ -272,7 +272,8 @@ def use_parallel(parallel, batches):
     pool again (1,000 small chunks of an Arrow column would pay it 1,000
     times). ``run_batches`` decides batch by batch instead.
 
-    >>> small, large = Batch(np.zeros(4, np.int64), np.array([0, 4])), pack([[0] * PARALLEL_MIN_TOKENS])
+    >>> small = pack([[0, 0, 0, 0]])
+    >>> large = pack([[0] * PARALLEL_MIN_TOKENS])
     >>> use_parallel(None, [small]), use_parallel(True, [small]), use_parallel(False, [large])
     (False, True, False)
     """
