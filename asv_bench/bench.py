@@ -412,6 +412,121 @@ def section_serving(repeat):
     line("PrefixCache.insert_batch (100k short requests)", ours, base, "loop of insert")
 
 
+def _interleaved(calls, repeat):
+    """Best wall time of each named call, the calls taking turns in every
+    round (so a noisy neighbour slows them alike)."""
+    best = {name: float("inf") for name in calls}
+    for _ in range(repeat):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def section_containers(repeat):
+    """Batch lookups on the containers people hold (polars, pandas, Hugging
+    Face datasets, DuckDB, nanoarrow, NumPy object arrays) against the plain
+    pyarrow list<int64> path, and the default parallel=None against serial
+    on every chunking of one column."""
+    import tempfile
+
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        print("\n[containers] needs pyarrow (the arrow extra); skipped")
+        return
+    radix_soa.warmup()
+    t_start = time.perf_counter()
+    n = int(os.environ.get("RADIX_BENCH_CONTAINER_ROWS", 200_000))
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(4, 40, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = rng.integers(0, 30_000, int(offsets[-1]))
+    arr = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat))
+    rc = radix_soa.RadixCache()
+    rc.insert_batch(arr.slice(0, n // 2))  # half the rows are hits
+    print(f"\n[containers] {n:,} rows, {flat.shape[0]:,} tokens; exists_batch(container, "
+          "parallel=False), conversion included, vs the same call on a pyarrow ListArray:")
+    want = rc.exists_batch(arr, parallel=False)
+    calls = {"pyarrow ListArray": lambda: rc.exists_batch(arr, parallel=False)}
+
+    def add(name, make):
+        try:
+            obj = make()
+        except ImportError as exc:
+            print(f"  {name:<44} skipped ({exc})")
+            return
+        if not np.array_equal(rc.exists_batch(obj, parallel=False), want):
+            raise AssertionError(f"{name} answers differ from the pyarrow path")
+        calls[name] = lambda: rc.exists_batch(obj, parallel=False)
+
+    def polars_series():
+        import polars as pl
+        return pl.from_arrow(arr)
+
+    def pandas_arrow():
+        import pandas as pd
+        return pd.Series(arr.to_pandas(types_mapper=pd.ArrowDtype))
+
+    def duckdb_result():
+        import duckdb
+        con = duckdb.connect()
+        con.register("t", pa.table({"tokens": arr}))
+        return con.sql("select tokens from t")
+
+    def nanoarrow_array():
+        import nanoarrow
+        return nanoarrow.c_array(arr)
+
+    tmp = tempfile.TemporaryDirectory()
+    path = os.path.join(tmp.name, "tokens.parquet")
+    pq.write_table(pa.table({"tokens": arr}), path, row_group_size=1000)
+
+    def hf_dataset(fmt=None):
+        import datasets
+        datasets.disable_progress_bars()
+        ds = datasets.Dataset.from_parquet(path, cache_dir=os.path.join(tmp.name, "hf"))
+        return (ds.with_format(fmt) if fmt else ds)["tokens"]
+
+    objects = np.empty(n, object)
+    objects[:] = [flat[offsets[i]:offsets[i + 1]] for i in range(n)]
+    add("polars Series", polars_series)
+    add("pandas ArrowDtype Series", pandas_arrow)
+    add("DuckDB result (runs the query each call)", duckdb_result)
+    add("nanoarrow array", nanoarrow_array)
+    add("datasets ds['tokens'] (1,000-row chunks)", hf_dataset)
+    add("datasets numpy format ds['tokens']", lambda: hf_dataset("numpy"))
+    add("object array of int64 arrays (a copy)", lambda: objects)
+    print(f"  (inputs built in {time.perf_counter() - t_start:.1f} s)")
+    best = _interleaved(calls, repeat)
+    base = best["pyarrow ListArray"]
+    for name, t in best.items():
+        print(f"  {name:<44} {t * 1e3:8.1f} ms   {t / base:5.2f}x the pyarrow path")
+    tmp.cleanup()
+
+    print("\n[containers] the same column in chunks: default parallel=None vs parallel=False, "
+          f"median of {repeat + 2} paired rounds (best times shown):")
+    for rows in (100, 1000, 10_000, 100_000, n):
+        chunked = pa.chunked_array([arr.slice(i, rows) for i in range(0, n, rows)])
+        ratios, best = [], {"serial": float("inf"), "default": float("inf")}
+        for r in range(repeat + 2):
+            t = {}
+            for mode in (("serial", "default") if r % 2 else ("default", "serial")):
+                t0 = time.perf_counter()
+                rc.exists_batch(chunked, parallel=False if mode == "serial" else None)
+                t[mode] = time.perf_counter() - t0
+                best[mode] = min(best[mode], t[mode])
+            ratios.append(t["default"] / t["serial"])
+        picks = "threads" if rows * 20 >= radix_soa.batch.PARALLEL_MIN_TOKENS else "serial"
+        print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>7} per chunk): "
+              f"serial {best['serial'] * 1e3:7.1f} ms, default {best['default'] * 1e3:7.1f} ms, "
+              f"default/serial median {np.median(ratios):.3f}x")
+    print(f"  (section took {time.perf_counter() - t_start:.0f} s)")
+
+
 def section_sglang(repeat):
     """Per call against SGLang's RadixCache (only where SGLang is importable)."""
     import sglang_side
@@ -421,6 +536,7 @@ def section_sglang(repeat):
 
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
             "memory": section_memory, "replay": section_replay, "threads": section_threads, "serving": section_serving,
+            "containers": section_containers,
             "sglang": section_sglang}
 
 

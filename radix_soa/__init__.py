@@ -18,6 +18,7 @@ from ._results import (BatchMatch, CacheFullError, EvictResult, Finished, Insert
                        InvariantError, Match, ReadOnlyTreeError, TreeFormatError)
 from ._serving import Request
 from .batch import Batch, csr, pack
+from ._dedup import first_occurrence
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
 from .studies import schedule, traces, workloads
@@ -30,5 +31,5 @@ __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError"
            "Match", "BatchMatch", "EvictResult", "Finished", "Request", "InvariantError", "warmup",
            "replay", "sweep", "ReplayResult", "SweepResult", "replay_reference",
            "compare_footprint", "FootprintTable", "ReadOnlyTreeError", "TreeFormatError",
-           "schedule", "traces", "workloads"]
+           "schedule", "traces", "workloads", "first_occurrence"]
 __version__ = "0.2.0.dev0"

@@ -1,12 +1,102 @@
-"""Arrow list arrays as CSR ``(flat, offsets)`` views (pyarrow is optional
-and imported only when an Arrow array arrives).
+"""Arrow data as CSR ``(flat, offsets)`` views (pyarrow is optional and
+imported only when Arrow data arrives).
 
-Reads the list offsets and the integer child values in place: the values
-are a zero-copy NumPy view when they are int64 or int32 without nulls; the
-offsets (n + 1 small integers) are rebased to start at 0 for a sliced array.
+Arrow data is a pyarrow array, anything that speaks the Arrow PyCapsule
+interface (``__arrow_c_stream__`` / ``__arrow_c_array__``: polars, pandas,
+DuckDB results, nanoarrow ...) or a Hugging Face ``datasets`` column; a
+one-column table stands for its column. The list offsets and the integer
+child values are read in place: the values are a zero-copy NumPy view when
+they are integers without nulls; the offsets (n + 1 small integers) are
+rebased to start at 0 for a sliced array.
 """
 
 import numpy as np
+
+_INSTALL = "pip install 'radix-soa[arrow]'"
+
+
+def arrow_data(obj):
+    """``obj`` as a pyarrow Array or ChunkedArray if it is Arrow data, else
+    None. Raises ``ImportError`` (saying how to install pyarrow) for Arrow
+    data when pyarrow is missing."""
+    kind = type(obj)
+    if kind.__module__.startswith("pyarrow"):
+        pa = _pyarrow(obj)
+        if isinstance(obj, (pa.Array, pa.ChunkedArray, pa.Table, pa.RecordBatch)):
+            return _one_column(obj, pa)
+    if kind.__module__.startswith("datasets") and hasattr(obj, "column_name"):
+        return _datasets_column(obj)
+    if hasattr(kind, "__arrow_c_stream__"):
+        pa = _pyarrow(obj)
+        return _one_column(pa.chunked_array(obj), pa)
+    if hasattr(kind, "__arrow_c_array__"):
+        pa = _pyarrow(obj)
+        return _one_column(pa.array(obj), pa)
+    return None
+
+
+def _pyarrow(obj):
+    try:
+        import pyarrow
+    except ImportError:
+        raise ImportError(f"a {type(obj).__name__} is Arrow data; reading it as a batch needs "
+                          f"pyarrow: {_INSTALL}") from None
+    return pyarrow
+
+
+def _one_column(data, pa):
+    """A table or struct array of exactly one column as that column."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        if data.num_columns != 1:
+            raise ValueError(f"a batch is one column of sequences; got a table of "
+                             f"{data.num_columns} columns {data.column_names}: pass one")
+        return data.column(0)
+    if pa.types.is_struct(data.type):
+        names = [data.type.field(i).name for i in range(data.type.num_fields)]
+        if len(names) != 1:
+            raise ValueError(f"a batch is one column of sequences; got a table of "
+                             f"{len(names)} columns {names}: pass one")
+        if data.null_count:
+            raise ValueError(f"Arrow table has {data.null_count} null rows; a batch needs a "
+                             "sequence in every row")
+        if isinstance(data, pa.ChunkedArray):
+            return pa.chunked_array([c.flatten()[0] for c in data.chunks], data.type.field(0).type)
+        return data.flatten()[0]
+    return data
+
+
+def _datasets_column(col):
+    """A Hugging Face ``datasets`` column (``ds["tokens"]``) as the dataset's
+    own Arrow column: zero-copy unless the dataset holds an indices mapping
+    (after ``select``, ``shuffle``, ``filter``), which is applied with one take."""
+    source = col.source
+    if not hasattr(source, "data") or not hasattr(source, "_indices"):  # a nested column
+        raise TypeError(f"a nested datasets column ({col.column_name!r} of a column) is not "
+                        "a batch; pass ds[name] of a top-level column")
+    data = source.data.column(col.column_name)  # a pyarrow ChunkedArray over the table
+    if source._indices is not None:
+        data = data.take(source._indices.column(0))
+    return data
+
+
+def objects_csr(arr):
+    """A 1-D NumPy object array of integer sequences as one ``(values,
+    offsets)`` pair through ``pyarrow.array`` (about 2.5x a concatenation of
+    NumPy arrays), or None when pyarrow is missing or the elements are not
+    all lists, tuples or 1-D arrays of integers without nulls (the caller's
+    own path then names the first that is not)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return None
+    try:
+        data = pa.array(arr)  # refuses bools among ints, ints past 64 bits, 2-D arrays
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+    if (not isinstance(data, pa.ListArray) or data.null_count
+            or not pa.types.is_integer(data.type.value_type) or data.values.null_count):
+        return None
+    return arrow_csr(data)[0]
 
 
 def arrow_csr(arr):
@@ -33,8 +123,8 @@ def arrow_csr(arr):
         size = arr.type.list_size
         values = arr.flatten()
         return [(_values_array(values), np.arange(len(arr) + 1, dtype=np.int64) * size)]
-    raise TypeError("Arrow input must be a ListArray, LargeListArray, FixedSizeListArray or "
-                    f"ChunkedArray of integer lists; got {type(arr).__name__}")
+    raise TypeError("Arrow input must be a List, LargeList or FixedSizeList array (or a "
+                    f"chunked one) of integers; got {type(arr).__name__} of type {arr.type}")
 
 
 def _values_array(values):

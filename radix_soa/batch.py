@@ -1,5 +1,6 @@
-"""Many sequences as one flat buffer plus offsets (CSR), from lists, NumPy
-or Arrow.
+"""Many sequences as one flat buffer plus offsets (CSR), from lists, NumPy,
+Arrow and the containers that speak it (polars, pandas, Hugging Face
+``datasets``, DuckDB, nanoarrow).
 
 Flat values + offsets is the ecosystem's ragged-array layout (scipy CSR,
 Arrow ``ListArray``); batch kernels loop over it in compiled code.
@@ -11,12 +12,13 @@ Arrow ``ListArray``); batch kernels loop over it in compiled code.
 [5, 6]
 """
 
+import operator
 import struct
 from itertools import chain
 
 import numpy as np
 
-from ._arrow import arrow_csr
+from ._arrow import arrow_csr, arrow_data, objects_csr
 from ._sequence import as_tokens, has_bool
 
 _INT64 = np.dtype(np.int64)
@@ -117,13 +119,15 @@ def _offsets_array(offsets, n_flat):
         raise ValueError(f"offsets must be 1-D with at least one entry; got shape {off.shape}")
     if off.dtype.kind not in "iu":
         raise TypeError(f"offsets must be integers; got dtype {off.dtype}")
-    off = np.array(off, dtype=_INT64, order="C", copy=True)  # ours: the caller cannot move it
+    off = off.astype(_INT64)  # a new contiguous array, ours: the caller cannot move it
     off.flags.writeable = False
-    if off[0] != 0:
-        raise ValueError(f"offsets must start at 0; got {int(off[0])}")
-    if off[-1] != n_flat:
-        raise ValueError(f"offsets must end at len(flat) = {n_flat}; got {int(off[-1])}")
-    if off.shape[0] > 1 and np.any(off[1:] < off[:-1]):
+    # scalar and method forms below: this runs once per chunk of a chunked column
+    first, last = off[[0, -1]].tolist()
+    if first != 0:
+        raise ValueError(f"offsets must start at 0; got {first}")
+    if last != n_flat:
+        raise ValueError(f"offsets must end at len(flat) = {n_flat}; got {last}")
+    if off.shape[0] > 1 and (off[1:] < off[:-1]).any():
         i = int(np.flatnonzero(off[1:] < off[:-1])[0])
         raise ValueError(f"offsets must be non-decreasing; offsets[{i + 1}] < offsets[{i}]")
     return off
@@ -133,11 +137,13 @@ def pack(seqs):
     """Pack sequences into a ``Batch``.
 
     ``seqs`` may be a list or tuple of lists / tuples / ranges / 1-D integer
-    arrays (mixed freely), a 2-D integer array (one sequence per row) or
-    a ``Batch`` (returned as is). One rule everywhere: a 2-tuple of NumPy
-    arrays is a CSR pair ``(flat, offsets)`` (``csr(flat, offsets)`` says so
-    explicitly); pass two sequences as a list. Errors name the offending
-    sequence.
+    arrays (mixed freely), a 1-D NumPy object array of such sequences (what
+    ``datasets``' numpy format and pandas object columns hold), a 2-D
+    integer array (one sequence per row), Arrow data (see ``as_batches``;
+    chunks are concatenated) or a ``Batch`` (returned as is). One rule
+    everywhere: a 2-tuple of NumPy arrays is a CSR pair ``(flat, offsets)``
+    (``csr(flat, offsets)`` says so explicitly); pass two sequences as a
+    list. Errors name the offending sequence.
 
     >>> pack([np.array([1, 2]), [3]]).offsets.tolist()
     [0, 2, 3]
@@ -150,20 +156,33 @@ def pack(seqs):
         return seqs
     if _is_csr_pair(seqs):
         return csr(*seqs)
-    if isinstance(seqs, np.ndarray):
+    if isinstance(seqs, np.ndarray) and seqs.ndim == 1 and seqs.dtype == object:
+        read = objects_csr(seqs)
+        if read is not None:
+            flat, offsets = read
+            return Batch(_flat_array(flat).astype(_INT64, copy=False), offsets)  # uint64 checked
+        seqs = seqs.tolist()  # its elements, each a sequence
+    elif isinstance(seqs, np.ndarray):
         if seqs.ndim != 2:
-            raise ValueError("pack takes a sequence of sequences or a 2-D array; got a "
-                             f"{seqs.ndim}-D array")
+            raise ValueError("pack takes a sequence of sequences, a 2-D array or a 1-D object "
+                             f"array of sequences; got a {seqs.ndim}-D {seqs.dtype} array")
         flat = _flat_array(np.ascontiguousarray(seqs).reshape(-1))
         n, m = seqs.shape
         return Batch(flat, np.arange(n + 1, dtype=_INT64) * m)
+    elif not isinstance(seqs, (list, tuple)):
+        foreign = _foreign_batches(seqs)
+        if foreign is not None:
+            return _concatenate(foreign)
     if isinstance(seqs, (str, bytes, bytearray)) or not hasattr(seqs, "__iter__"):
         raise TypeError(f"pack takes a sequence of sequences; got {type(seqs).__name__}")
     items = seqs if isinstance(seqs, (list, tuple)) else list(seqs)
+    flat = None
     if all(type(x) in (list, tuple) for x in items):
         flat = _pack_python(items)
-    else:
-        flat = None
+    elif set(map(type, items)) == {np.ndarray}:
+        packed = _pack_arrays(items)
+        if packed is not None:
+            return packed
     if flat is None:
         arrays = [_item_tokens(i, x) for i, x in enumerate(items)]
         flat = np.concatenate(arrays) if arrays else np.empty(0, _INT64)
@@ -212,6 +231,25 @@ def _pack_python(items):
     return flat
 
 
+def _pack_arrays(items):
+    """A ``Batch`` of 1-D NumPy integer arrays in one concatenation, or None
+    if they are not all that (the slow path then names the first that is
+    not) or mix dtypes that would not concatenate to integers."""
+    dtypes = set(map(operator.attrgetter("dtype"), items))
+    if not all(d.kind in "iu" for d in dtypes) or (len(dtypes) > 1 and any(
+            d.kind == "u" and d.itemsize == 8 for d in dtypes)):
+        return None  # uint64 with a signed dtype would concatenate to float64
+    if set(map(operator.attrgetter("ndim"), items)) != {1}:
+        return None
+    lengths = np.fromiter(map(len, items), _INT64, len(items))
+    offsets = np.zeros(len(items) + 1, _INT64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(items)
+    if flat.dtype != _INT64:  # int64 as the per-item path gives (uint64 checked to fit)
+        flat = _flat_array(flat).astype(_INT64, copy=False)
+    return Batch(flat, offsets)
+
+
 def _item_tokens(i, x):
     try:
         return as_tokens(x)
@@ -227,15 +265,28 @@ PARALLEL_MIN_TOKENS = 1 << 18
 
 
 def use_parallel(parallel, batches):
-    """Resolve a ``parallel=`` argument: True/False as given; None (the
-    default) picks threads only for batches large enough to gain from them
-    and when Numba has more than one thread (``NUMBA_NUM_THREADS``)."""
+    """Resolve a ``parallel=`` argument for a call that runs one kernel per
+    batch: True/False as given; None (the default) picks threads only when
+    Numba has more than one thread (``NUMBA_NUM_THREADS``) and *every*
+    batch is large enough to gain from them, since each batch starts the
+    pool again (1,000 small chunks of an Arrow column would pay it 1,000
+    times). ``run_batches`` decides batch by batch instead.
+
+    >>> small = pack([[0, 0, 0, 0]])
+    >>> large = pack([[0] * PARALLEL_MIN_TOKENS])
+    >>> use_parallel(None, [small]), use_parallel(True, [small]), use_parallel(False, [large])
+    (False, True, False)
+    """
     if parallel is not None:
         return bool(parallel)
+    return bool(batches) and _threads() > 1 and all(
+        b.num_tokens >= PARALLEL_MIN_TOKENS for b in batches)
+
+
+def _threads():
     import numba
 
-    return (numba.get_num_threads() > 1
-            and sum(b.num_tokens for b in batches) >= PARALLEL_MIN_TOKENS)
+    return numba.get_num_threads()
 
 
 def map_batches(batches, dtype, fill):
@@ -250,11 +301,25 @@ def map_batches(batches, dtype, fill):
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def run_batches(batches, dtype, parallel, serial, threaded):
+    """``map_batches`` for a read with a serial and a threaded kernel:
+    ``threaded(batch, out)`` runs for the batches ``use_parallel(parallel,
+    [batch])`` picks threads for, ``serial(batch, out)`` for the others, so
+    the default never starts the thread pool for a small chunk."""
+    if parallel is None and len(batches) > 1 and _threads() > 1:
+        return map_batches(batches, dtype, lambda b, out: (
+            threaded if b.num_tokens >= PARALLEL_MIN_TOKENS else serial)(b, out))
+    return map_batches(batches, dtype, threaded if use_parallel(parallel, batches) else serial)
+
+
 # ---------------------------------------------------------------- any input
 
 def pack_one(obj):
     """``as_batches(obj)`` as one ``Batch`` (chunks concatenated)."""
-    parts = as_batches(obj)
+    return _concatenate(as_batches(obj))
+
+
+def _concatenate(parts):
     if len(parts) == 1:
         return parts[0]
     lengths = np.concatenate([p.lengths for p in parts])
@@ -264,12 +329,23 @@ def pack_one(obj):
 
 
 def as_batches(obj):
-    """Every accepted batch input as a list of ``Batch`` (several for a
-    chunked Arrow array): a ``Batch``, a ``(flat, offsets)`` tuple of two
-    NumPy arrays, a pyarrow ``ListArray``/``LargeListArray``/
-    ``FixedSizeListArray``/``ChunkedArray``, an object whose type has a
-    ``__radix_batch__(self)`` method returning a ``Batch`` (a trace), or
-    anything ``pack`` takes."""
+    """Every accepted batch input as a list of ``Batch`` (one per chunk of a
+    chunked Arrow column, each a zero-copy view where the layout allows).
+
+    Accepted: a ``Batch``; a ``(flat, offsets)`` tuple of two NumPy arrays;
+    an object whose type has a ``__radix_batch__(self)`` method returning a
+    ``Batch`` (a trace); Arrow data of integer lists: a pyarrow
+    ``ListArray``/``LargeListArray``/``FixedSizeListArray``/``ChunkedArray``,
+    anything with ``__arrow_c_stream__``/``__arrow_c_array__`` (a polars
+    ``Series``, a pandas ``ArrowDtype`` series, a DuckDB result, a nanoarrow
+    array; a one-column table stands for its column; needs pyarrow, the
+    ``arrow`` extra), a Hugging Face ``datasets`` column ``ds["tokens"]`` (read
+    from the dataset's Arrow table); a pandas series of lists; or anything
+    ``pack`` takes.
+
+    >>> [b.flat.tolist() for b in as_batches(np.array([[1, 2], [3]], dtype=object))]
+    [[1, 2, 3]]
+    """
     if isinstance(obj, Batch):
         return [obj]
     as_batch = getattr(type(obj), "__radix_batch__", None)
@@ -277,6 +353,19 @@ def as_batches(obj):
         return [as_batch(obj)]
     if _is_csr_pair(obj):
         return [csr(*obj)]
-    if type(obj).__module__.startswith("pyarrow"):
-        return [Batch(flat, offsets) for flat, offsets in arrow_csr(obj)]
+    if not isinstance(obj, (list, tuple, np.ndarray)):
+        foreign = _foreign_batches(obj)
+        if foreign is not None:
+            return foreign
     return [pack(obj)]
+
+
+def _foreign_batches(obj):
+    """Arrow data or a pandas series as batches, or None for anything else."""
+    if type(obj).__module__.startswith("pandas") and hasattr(obj, "dtype"):
+        if type(obj.dtype).__name__ != "ArrowDtype":  # object lists: no Arrow in them
+            return [pack(obj.to_numpy())]
+    data = arrow_data(obj)
+    if data is None:
+        return None
+    return [Batch(flat, offsets) for flat, offsets in arrow_csr(data)]

@@ -11,7 +11,7 @@ from ._kernels.layout import ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
 from ._validate import MAX_SEQUENCE_TOKENS, check_length
-from .batch import as_batches, map_batches, use_parallel
+from .batch import as_batches, map_batches, run_batches
 
 
 class RadixCache(TreeCache):
@@ -185,21 +185,25 @@ class RadixCache(TreeCache):
         """``exists`` for every sequence of ``batch``, as a bool array.
 
         ``batch``: a list of sequences, a ``Batch``, a ``(flat, offsets)``
-        tuple of NumPy arrays, or a pyarrow List/LargeList/Chunked array.
-        ``parallel``: None (default) uses Numba's threads for batches of at
-        least ``radix_soa.batch.PARALLEL_MIN_TOKENS`` tokens; True/False
-        forces it. ``NUMBA_NUM_THREADS`` caps the threads.
+        tuple of NumPy arrays, a pyarrow List/LargeList/Chunked array, or
+        any Arrow-speaking column (polars, pandas ``ArrowDtype``, Hugging
+        Face ``datasets``, DuckDB; see ``radix_soa.batch.as_batches``).
+        ``parallel``: None (default) uses Numba's threads for each batch (or
+        chunk of a chunked column) of at least
+        ``radix_soa.batch.PARALLEL_MIN_TOKENS`` tokens; True/False forces it.
+        ``NUMBA_NUM_THREADS`` caps the threads.
 
         >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2], [3]])
         >>> rc.exists_batch([[1, 2], [1], [3]]).tolist()
         [True, False, True]
         """
-        batches = as_batches(batch)
-        kernel = KD.exists_batch_parallel if use_parallel(parallel, batches) else KD.exists_batch
-        read = self._read if kernel is KD.exists_batch_parallel else self._read_released
         s = self._s
-        return map_batches(batches, np.bool_, lambda b, res: read(
-            lambda: kernel(*s.R, s.root, b.flat, b.offsets, res)))
+        return run_batches(
+            as_batches(batch), np.bool_, parallel,
+            lambda b, res: self._read_released(
+                lambda: KD.exists_batch(*s.R, s.root, b.flat, b.offsets, res)),
+            lambda b, res: self._read(
+                lambda: KD.exists_batch_parallel(*s.R, s.root, b.flat, b.offsets, res)))
 
     def match_prefix_batch(self, batch, parallel=None):
         """``match_prefix`` for every sequence of ``batch``, as an int64 array
@@ -209,12 +213,13 @@ class RadixCache(TreeCache):
         >>> rc.match_prefix_batch([[1, 2, 9], [5], [1, 2, 3, 4]]).tolist()
         [2, 0, 3]
         """
-        batches = as_batches(batch)
-        kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
-        read = self._read if kernel is KD.match_batch_parallel else self._read_released
         s = self._s
-        return map_batches(batches, np.int64, lambda b, res: read(
-            lambda: kernel(*s.M, s.root, b.flat, b.offsets, 1, res)))
+        return run_batches(
+            as_batches(batch), np.int64, parallel,
+            lambda b, res: self._read_released(
+                lambda: KD.match_batch(*s.M, s.root, b.flat, b.offsets, 1, res)),
+            lambda b, res: self._read(
+                lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)))
 
     # ------------------------------------------------------------ iteration
     def to_csr(self):

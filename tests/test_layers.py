@@ -24,7 +24,7 @@ LAYERS = {
     "kernels": 0,       # radix_soa._kernels.*
     "results": 1,       # _results, _validate
     "storage": 2,       # _storage
-    "input": 3,         # _sequence, _arrow, batch
+    "input": 3,         # _sequence, _arrow, batch, _dedup
     "product": 4,       # the caches, persistence, invariants
     "baselines": 5,     # radix_soa.baselines.*
     "studies": 6,       # radix_soa.studies.*
@@ -47,7 +47,7 @@ def layer_of(module):
         return "results"
     if head == "_storage":
         return "storage"
-    if head in ("_sequence", "_arrow", "batch"):
+    if head in ("_sequence", "_arrow", "batch", "_dedup"):
         return "input"
     if head in PRODUCT:
         return "product"
