@@ -474,9 +474,10 @@ def test_tokens_empty_and_missing(tmp_path):
 def test_load_trace_unknown_format(tmp_path):
     p = write_lines(tmp_path / "x.jsonl", ["[1]"])
     assert set(FORMATS) == {"mooncake", "kvcache-tester", "tokens"}
-    for bad in ("csv", "Mooncake", "", None):
+    for bad in ("csv", "Mooncake", ""):
         with pytest.raises(ValueError, match="unknown trace format"):
             load_trace(p, bad)
+    assert load_trace(p, None)[0].tolist() == [1]  # None: detected from the content
 
 
 # ----------------------------------------------------------------------------
