@@ -61,30 +61,72 @@ MOONCAKE_ROWS = [
 # study
 # ----------------------------------------------------------------------------
 
-def test_default_study_prints_header_table_and_memory(capsys):
-    code, out, err = run(capsys, "study")
+def table_rows(lines):
+    """(names row index, rows as lists of cells) of the printed sweep table."""
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["capacity", "hit"])
+    rows = []
+    for line in lines[head + 2:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    return head, rows
+
+
+def test_default_study_prints_header_table_legend_summary_and_memory(capsys):
+    code, out, err = run(capsys)  # no subcommand: the study
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("workload multi_turn (multi_turn_branching, seed 0): 2,000 requests")
     assert "block size 1" in lines[0] and "1 namespace" in lines[0]
     assert lines[1].startswith("capacities in ids (= tokens); unbounded footprint ")
-    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["capacity", "hit"])
-    rows = lines[head + 1:head + 11]
+    head, rows = table_rows(lines)
+    names, units = lines[head].split("  "), lines[head + 1]
+    assert units.split() == ["(tokens)", "(tokens)", "(share)", "(tokens)", "(bytes)", "(ms)"]
+    assert [n.strip() for n in names if n.strip()] == \
+        ["capacity", "hit rate", "req. w/ hit", "evicted", "index peak", "replay"]
     assert len(rows) == 10
-    hit_rates = [float(r.split()[1]) for r in rows]
+    hit_rates = [float(r[1]) for r in rows]
     assert hit_rates == sorted(hit_rates) and 0 < hit_rates[0] < hit_rates[-1] <= 1
-    assert lines[head + 11] == ""
-    assert lines[head + 12].startswith("index memory")
+    legend = lines[head + 13:]
+    # every column is explained; what was left out (all zero or a duplicate) is said
+    for name in ("capacity (tokens):", "hit rate (tokens):", "evicted (tokens):",
+                 "index peak (bytes): peak memory", "replay (ms):"):
+        assert any(line.strip().startswith(name) for line in legend), name
+    assert "  left out: host hit (all zero), prefill saved (equal to hit rate), rejected " \
+           "(all zero)" in out
+    summary = next(line for line in lines if line.startswith("summary: "))
+    assert "is the smallest capacity swept that reaches 90% of the unbounded hit rate" in summary
     assert "bytes per stored id" in out and "compression ratio" in out
     assert err == ""  # stderr is not a terminal under capsys: no progress bar
+
+
+def test_the_summary_names_the_first_capacity_reaching_90_percent(capsys):
+    doc = run_json(capsys, *SMALL, "--points", "6")
+    target = 0.9 * doc["unbounded"]["hit_rate"]
+    first = next(r["capacity"] for r in doc["sweep"] if r["hit_rate"] >= target)
+    assert doc["summary"]["smallest_capacity"] == first
+    assert all(r["hit_rate"] < target for r in doc["sweep"] if r["capacity"] < first)
+    assert doc["summary"]["line"].startswith(f"summary: {first:,} tokens is the smallest")
+    low = run_json(capsys, *SMALL, "--capacities", "10,20")
+    assert low["summary"]["smallest_capacity"] is None
+    assert "no capacity swept reaches 90%" in low["summary"]["line"]
+
+
+def test_replay_time_leaves_out_compilation(capsys, monkeypatch):
+    import radix_soa.cli as cli
+    calls = []
+    real = cli.warmup_replay
+    monkeypatch.setattr(cli, "warmup_replay", lambda: calls.append(1) or real())
+    run_json(capsys, *SMALL, "--points", "2")
+    assert calls == [1]  # the kernels are compiled before the first timed replay
 
 
 def test_json_hit_rates_equal_a_direct_sweep(capsys):
     doc = run_json(capsys, *SMALL, "--points", "4")
     seqs = workloads.generate("chat", n_sequences=300, seed=3)
     unbounded = radix_soa.replay(seqs)
-    caps = default_capacities(unbounded.peak_tokens, 4)
-    assert doc["capacities"] == caps and doc["footprint"] == unbounded.peak_tokens
+    caps = default_capacities(unbounded.peak_ids, 4)
+    assert doc["capacities"] == caps and doc["footprint"] == unbounded.peak_ids
     direct = radix_soa.sweep(seqs, caps)
     assert [r["hit_rate"] for r in doc["sweep"]] == [r.hit_rate for r in direct.results]
     assert [r["prefill_tokens_saved"] for r in doc["sweep"]] == \
@@ -93,7 +135,10 @@ def test_json_hit_rates_equal_a_direct_sweep(capsys):
     assert doc["workload"]["requests"] == 300 and doc["workload"]["block_size"] == 1
     mem = doc["index_memory"]
     assert isinstance(mem["used_bytes"], int) and isinstance(mem["compression_ratio"], float)
-    assert mem["tokens_stored"] == unbounded.peak_tokens  # no eviction: the same tree
+    assert mem["tokens_stored"] == unbounded.peak_ids  # no eviction: the same tree
+    # block counts are named as ids, real tokens as tokens
+    assert doc["unbounded"]["hit_ids"] == unbounded.hit_ids and "hit_tokens" not in doc["unbounded"]
+    assert doc["unbounded"]["prefill_tokens_hit"] == unbounded.prefill_tokens_hit
 
 
 def test_json_with_explicit_capacities_and_replay_options(capsys):
@@ -106,7 +151,7 @@ def test_json_with_explicit_capacities_and_replay_options(capsys):
     assert [(r["hit_rate"], r["host_hit_rate"]) for r in doc["sweep"]] == \
         [(r.hit_rate, r.host_hit_rate) for r in direct.results]
     assert doc["settings"] == {"schedule": "lpm", "window": 8, "page_size": 4,
-                               "host_capacity": 3000}
+                               "host_capacity": 3000, "eviction_policy": "lru", "warmup": 0.0}
 
 
 @pytest.mark.parametrize("name", ["few_shot", "multi_turn", "agent", "long_prefix"])
@@ -127,7 +172,7 @@ def test_study_on_a_mooncake_file(capsys, tmp_path):
     assert "bytes per stored block" in out and "bytes per stored token" in out
     doc = run_json(capsys, "--trace", str(path), "--format", "mooncake", "--capacities", "2,6")
     # unbounded: request 2 hits 3 of 4 blocks, request 3 hits 1 of 2, request 4 hits 4 of 5
-    assert doc["unbounded"]["hit_tokens"] == 8 and doc["footprint"] == 6
+    assert doc["unbounded"]["hit_ids"] == 8 and doc["footprint"] == 6
     assert doc["sweep"][-1]["hit_rate"] == pytest.approx(8 / 14)
 
 
@@ -138,7 +183,7 @@ def test_study_on_a_tokens_file(capsys, tmp_path):
     assert code == 0, err
     assert out.startswith("trace toks (tokens: ") and "capacities in ids (= tokens)" in out
     doc = run_json(capsys, "--trace", str(path), "--format", "tokens")
-    assert doc["unbounded"]["hit_tokens"] == 3 + 2 + 4
+    assert doc["unbounded"]["hit_ids"] == 3 + 2 + 4
     assert doc["capacities"][-1] == doc["footprint"] == 7
 
 
@@ -153,7 +198,7 @@ def test_study_on_several_namespaces(capsys, tmp_path):
     assert code == 0, err
     assert "2 namespaces" in out and "namespace << 40" in out
     doc = run_json(capsys, "--trace", str(tmp_path), "--format", "kvcache-tester")
-    assert doc["unbounded"]["hit_tokens"] == 4
+    assert doc["unbounded"]["hit_ids"] == 4
     assert doc["index_memory"]["tokens_stored"] == 6 == doc["footprint"]
 
 
@@ -199,7 +244,22 @@ def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     (["--capacities", "10", "--points", "3"], "not allowed with argument"),
     (["--points", "0"], "must be >= 1"),
     (["--window", "0"], "must be >= 1"),
-    (["--trace", "{tmp}/bad.jsonl"], "--trace needs --format"),
+    (["--trace", "{tmp}/odd.txt"], "cannot tell the trace format: it starts with 'hello"),
+    (["--trace", "{tmp}/bad.jsonl", "--format", "kvcache-tester"],
+     "looks like a mooncake trace, not kvcache-tester"),
+    (["--capacity-unit", "bytes"], "--capacity-unit bytes needs --kv-bytes-per-token"),
+    (["--capacity-unit", "blocks"], "invalid choice: 'blocks'"),
+    (["--kv-bytes-per-token", "0"], "--kv-bytes-per-token must be >= 1"),
+    (["--kv-bytes-per-token", "lots"], "is not an integer"),
+    (["--capacities", "1.5"], "a fraction needs a suffix"),
+    (["--capacities", "1.0005k"], "is not a whole number"),
+    (["--capacities", "40XB"], "is not an integer"),
+    (["--host-capacity", "-3"], "host capacity must be >= 0"),
+    (["--warmup", "1"], "warmup must be in [0, 1)"),
+    (["--warmup", "half"], "expected a number in [0, 1)"),
+    (["--warmup", "nan"], "warmup must be in [0, 1)"),
+    (["--json", "--csv"], "not allowed with argument"),
+    (["--trace", "{tmp}/t.zst"], "needs the 'zstandard' module"),
     (["--format", "tokens"], "--format needs --trace"),
     (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--workload", "chat"], "not both"),
     (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--requests", "5"], "--requests"),
@@ -208,8 +268,11 @@ def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     (["--plot", "{tmp}/no/such/dir/out.png"], "does not exist"),
     (["--no-such-option"], "unrecognized arguments"),
 ])
-def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, argv, expect):
+def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, expect):
     write_mooncake(tmp_path / "bad.jsonl", MOONCAKE_ROWS[:1])
+    (tmp_path / "odd.txt").write_text("hello\n")
+    (tmp_path / "t.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 8)
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as if it were not installed
     with open(tmp_path / "bad.jsonl", "a") as f:
         f.write('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}\n')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
@@ -226,10 +289,10 @@ def test_help_lists_both_subcommands(capsys):
 
 
 # ----------------------------------------------------------------------------
-# build (still the default)
+# build (the default when only its own options are given)
 # ----------------------------------------------------------------------------
 
-def test_build_is_still_the_default(capsys):
+def test_build_runs_without_its_name_given_its_own_options(capsys):
     code, out, err = run(capsys, "--sequences", "200", "--json")
     assert code == 0, err
     report = json.loads(out)

@@ -62,6 +62,8 @@ __all__ = [
     "load_token_jsonl",
     "load_trace",
     "detect_format",
+    "Source",
+    "SourceError",
     "MOONCAKE_BLOCK_SIZE",
     "FORMATS",
 ]
