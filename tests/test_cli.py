@@ -1,6 +1,9 @@
 """The ``radix-soa`` command: ``study`` (in process, plus one run of the
 installed entry point) and the ``build`` default."""
 
+import csv
+import gzip
+import io
 import json
 import shutil
 import subprocess
@@ -63,7 +66,8 @@ MOONCAKE_ROWS = [
 
 def table_rows(lines):
     """(names row index, rows as lists of cells) of the printed sweep table."""
-    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["capacity", "hit"])
+    head = next(i for i, line in enumerate(lines)
+                if line.split()[:1] == ["capacity"] and "hit rate" in line)
     rows = []
     for line in lines[head + 2:]:
         if not line.strip():
@@ -212,6 +216,53 @@ def test_plot_writes_a_png(capsys, tmp_path):
     assert doc["plot"] == str(tmp_path / "b.png")
 
 
+def rendered_overlaps(fig):
+    """Pairs of visible, non-empty x tick labels that overlap once drawn."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels(which="both") if t.get_visible() and t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        found += [(labels[i].get_text(), labels[j].get_text())
+                  for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                  if boxes[i].overlaps(boxes[j])]
+    return found
+
+
+def test_plot_panels_title_and_ticks(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import radix_soa.cli as cli
+    figures = []
+    real = cli.plot_figure
+    monkeypatch.setattr(cli, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
+                        or figures[-1])
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    code, _, err = run(capsys, "study", "--trace", str(path), "--capacities",
+                       "30000,35000,40000,45000,52000,60000", "--schedule", "lpm",
+                       "--page-size", "2", "--host-capacity", "7", "--plot",
+                       str(tmp_path / "a.png"))
+    assert code == 0, err
+    (fig,) = figures
+    title = fig._suptitle.get_text()
+    for part in ("mini (mooncake)", "schedule lpm (window 64)", "page size 2",
+                 "host tier 7 blocks"):
+        assert part in title, title
+    hits, requests, memory = fig.axes
+    assert "requests" in requests.get_ylabel() and "index memory" in memory.get_ylabel()
+    assert not any("request" in line.get_label() for line in hits.get_lines())  # its own panel
+    assert requests.get_lines()[0].get_ydata().tolist() == [0.5] * 6  # whole 2-block pages
+    assert rendered_overlaps(fig) == []
+    assert [t.get_text() for t in memory.get_xticklabels(which="minor")
+            if t.get_visible() and t.get_text()] == []
+    figures.clear()
+    # a log axis over 1.5 decades labels its minor ticks: "3x10^4" ran into "4x10^4"
+    run(capsys, "study", *SMALL, "--capacities", "2000,5000,20000,60000", "--plot",
+        str(tmp_path / "b.png"))
+    assert memory.get_xscale() == "linear" and figures[0].axes[2].get_xscale() == "log"
+    assert rendered_overlaps(figures[0]) == []
+
+
 def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     line = assert_usage_error(capsys, "study", "--plot", str(tmp_path / "x.png"))
@@ -231,6 +282,89 @@ def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--progress")
     assert code == 0 and "radix-soa: replay 3/3" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"radix-soa {radix_soa.__version__}"
+
+
+def test_csv_holds_every_number_and_nothing_else(capsys):
+    code, out, err = run(capsys, "study", *SMALL, "--points", "3", "--csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    doc = run_json(capsys, *SMALL, "--points", "3")
+    assert [int(r["capacity_ids"]) for r in rows] == doc["capacities"]
+    assert [float(r["hit_rate"]) for r in rows] == [r["hit_rate"] for r in doc["sweep"]]
+    assert [int(r["evicted_ids"]) for r in rows] == [r["evicted_ids"] for r in doc["sweep"]]
+    assert rows[0]["host_capacity"] == ""  # None
+
+
+def test_capacities_in_tokens_and_bytes_of_kv(capsys, tmp_path):
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    trace = ["--trace", str(path)]
+    by_ids = run_json(capsys, *trace, "--capacities", "2,6")
+    # 1,100 tokens hold 2 whole 512-token blocks; 3,100 tokens hold 6
+    by_tokens = run_json(capsys, *trace, "--capacity-unit", "tokens", "--capacities", "1100,3.1k")
+    assert by_tokens["capacities"] == [2, 6] and by_tokens["capacities_in_unit"] == [1024, 3072]
+    assert [r["hit_rate"] for r in by_tokens["sweep"]] == [r["hit_rate"] for r in by_ids["sweep"]]
+    # "what does 40 GB of KV buy me?" at 160 KiB per token: 40e9 // (512 x 163,840) = 476 blocks
+    doc = run_json(capsys, *trace, "--capacity-unit", "bytes", "--kv-bytes-per-token", "160KiB",
+                   "--capacities", "40GB,1GiB", "--host-capacity", "1GB")
+    assert doc["capacities"] == [12, 476] and doc["kv_bytes_per_token"] == 163840
+    assert doc["settings"]["host_capacity"] == 1_000_000_000 // (512 * 163840)
+    assert doc["capacities_in_unit"] == [12 * 512 * 163840, 476 * 512 * 163840]
+    code, out, err = run(capsys, "study", *trace, "--capacity-unit", "bytes",
+                         "--kv-bytes-per-token", "160KiB", "--capacities", "40GB")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].startswith("capacities in bytes of KV; unbounded footprint 503 MB of KV "
+                               "(6 blocks)")
+    head, rows = table_rows(lines)
+    assert lines[head + 1].split()[:3] == ["(KV", "bytes)", "(blocks)"]
+    assert rows[0][:3] == ["39.9", "GB", "476"]
+    assert "at 163,840 bytes per token" in out
+    assert "summary: 39.9 GB of KV (243,712 tokens, 476 blocks) is the smallest" in out
+
+
+def test_traces_from_gzip_and_standard_input_with_the_format_detected(capsys, tmp_path,
+                                                                      monkeypatch):
+    rows = "".join(json.dumps(r) + "\n" for r in MOONCAKE_ROWS).encode()
+    packed = tmp_path / "mini.jsonl.gz"
+    packed.write_bytes(gzip.compress(rows))
+    doc = run_json(capsys, "--trace", str(packed), "--capacities", "6")
+    assert doc["workload"]["format"] == "mooncake" and doc["workload"]["format_detected"]
+    assert doc["workload"]["name"] == "mini" and doc["unbounded"]["hit_ids"] == 8
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(rows)))
+    code, out, err = run(capsys, "study", "--trace", "-", "--capacities", "6")
+    assert code == 0, err
+    assert out.startswith("trace stdin (mooncake: <stdin>): 4 requests")
+
+
+def test_warmup_scores_like_kvcache_simulator(capsys, tmp_path):
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    doc = run_json(capsys, "--trace", str(path), "--warmup", "0.5", "--capacities", "6")
+    r = doc["sweep"][0]
+    # requests 3 and 4 are scored: hits 1 of 2 and 4 of 5 blocks; tokens min(512, 1024) and
+    # min(4 x 512, 2100)
+    assert r["scored_requests"] == 2 and r["hit_rate"] == pytest.approx(5 / 7)
+    assert r["token_hit_rate"] == pytest.approx((512 + 2048) / (1024 + 2100))
+    assert doc["settings"]["warmup"] == 0.5
+    code, out, _ = run(capsys, "study", "--trace", str(path), "--warmup", "0.5")
+    assert "rates score the last 2 requests (warmup 0.5)" in out
+    assert "scored: the last 2 of 4 requests (the first 50% of arrivals only warm" in out
+    assert "token hit (tokens): prompt tokens served by the device" in out
+
+
+def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
+    code, out, err = run(capsys, "--requests", "100", "--points", "2", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["sweep"]) == 2  # the study
+    code, out, err = run(capsys, "--seed", "1", "--sequences=50", "--json")
+    assert code == 0, err
+    assert json.loads(out)["sequences"] == 50  # build
 
 
 @pytest.mark.parametrize("argv, expect", [
