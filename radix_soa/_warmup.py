@@ -78,11 +78,13 @@ def warmup_replay():
     6
     """
     rng = np.random.default_rng(0)
-    seqs = [rng.integers(0, 10**6, size=300) for _ in range(40)]
+    # distinct requests under a small capacity: dead token runs pile up and
+    # compaction runs mid-replay; repeats give hits from both tiers
+    seqs = [rng.integers(0, 10**6, size=1000) for _ in range(30)]
     seqs += seqs[-3:]
     runs = 0
     for schedule in ("fcfs", "lpm", "dfs"):
-        for host in (None, 800):
-            replay(seqs, capacity=600, host_capacity=host, schedule=schedule, window=4)
+        for host in (None, 3000):
+            replay(seqs, capacity=4000, host_capacity=host, schedule=schedule, window=4)
             runs += 1
     return runs

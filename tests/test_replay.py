@@ -271,3 +271,29 @@ def test_mooncake_capacity_sweep_matches_the_reference_at_one_point():
     tr = mooncake("conversation_trace.jsonl")
     kw = dict(capacity=20_000, schedule="lpm", window=16)
     same(replay(tr, **kw), replay_reference(tr, **kw))
+
+
+def compiled_signatures():
+    import importlib
+    import pkgutil
+    import radix_soa._kernels as K
+    out = {}
+    for m in pkgutil.iter_modules(K.__path__):
+        mod = importlib.import_module(f"radix_soa._kernels.{m.name}")
+        for name, obj in vars(mod).items():
+            if hasattr(obj, "signatures"):
+                out[(mod.__name__, name)] = len(obj.signatures)
+    return out
+
+
+def test_warmup_replay_leaves_nothing_to_compile_for_a_study():
+    from radix_soa._warmup import warmup_replay
+    from radix_soa.studies.study import generated_trace
+    warmup_replay()
+    before = compiled_signatures()
+    tr, _ = generated_trace("multi_turn", 300, 0)  # a Trace: writable arrays, unlike pack()'s
+    for kw in (dict(), dict(capacity=2000), dict(capacity=2000, host_capacity=3000),
+               dict(capacity=1000, schedule="lpm", window=8), dict(capacity=1000, schedule="dfs")):
+        replay(tr, **kw)
+    after = compiled_signatures()
+    assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}

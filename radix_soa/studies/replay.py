@@ -233,8 +233,8 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     n = len(tr)
     if n == 0:
         raise ValueError("cannot replay an empty trace")
-    flat = np.ascontiguousarray(tr.flat, dtype=np.int64)
-    offsets = np.ascontiguousarray(tr.offsets, dtype=np.int64)
+    flat = _readonly(tr.flat)
+    offsets = _readonly(tr.offsets)
     lengths = np.diff(offsets)
     max_len = int(lengths.max())
 
@@ -243,7 +243,7 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     dev.meta[M_POLICY] = policy
     host = TreeStorage(np.int64, values=False, track=True, page_size=page)
     roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
-    positions = np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0]
+    positions = _readonly(np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0])
     order = np.arange(n, dtype=np.int64)
     if schedule == "dfs":
         KR.dfs_order(flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window,
@@ -294,6 +294,14 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
         seconds=seconds, hits=hits, host_hits=host_hits, order=order,
         prefill_tokens_hit=int(np.minimum(dev_hits * bs, inputs).sum()), warmup=warmup,
         scored_requests=n - first)
+
+
+def _readonly(a):
+    """A read-only int64 view: the kernel sees one array type whatever the
+    input's flags, so one compiled replay serves every input."""
+    v = np.ascontiguousarray(a, dtype=np.int64).view()
+    v.flags.writeable = False
+    return v
 
 
 def _roots(store, namespace):
