@@ -241,7 +241,12 @@ def _load(args):
     if args.trace is not None:
         src = Source(args.trace)
         fmt = args.format or traces.detect_format(src)
-        trace = traces.load_trace(src, args.format)
+        bar = _LoadProgress(_progress_enabled(args.progress))
+        src.progress = bar.update
+        try:
+            trace = traces.load_trace(src, args.format)
+        finally:
+            bar.close()
         return trace, {"source": "trace", "path": src.name, "format": fmt,
                        "format_detected": args.format is None}
     name = args.workload or DEFAULT_WORKLOAD
@@ -301,6 +306,42 @@ class _Progress:
             self._bar.close()
         else:
             sys.stderr.write("\r" + " " * (len(PROG) + 32) + "\r")
+            sys.stderr.flush()
+
+
+class _LoadProgress:
+    """Bytes of a trace file read, on stderr (tqdm, else a percentage)."""
+
+    def __init__(self, enabled):
+        self.enabled, self._bar, self._shown = enabled, None, -1
+
+    def update(self, done, total):
+        if not self.enabled or not total:
+            return
+        if self._bar is None and self._shown < 0:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._bar = False
+            else:
+                self._bar = tqdm(total=total, desc=f"{PROG}: loading", unit="B",
+                                 unit_scale=True, file=sys.stderr, leave=False,
+                                 dynamic_ncols=True)
+            self._shown = 0
+        if self._bar:
+            self._bar.update(max(0, done - self._bar.n))
+            return
+        pct = min(100, done * 100 // total)
+        if pct != self._shown:
+            self._shown = pct
+            sys.stderr.write(f"\r{PROG}: loading {pct}%")
+            sys.stderr.flush()
+
+    def close(self):
+        if self._bar:
+            self._bar.close()
+        elif self._shown >= 0:
+            sys.stderr.write("\r" + " " * (len(PROG) + 16) + "\r")
             sys.stderr.flush()
 
 

@@ -278,6 +278,23 @@ def test_progress_goes_to_stderr_only(capsys):
     assert code == 0 and err == ""
 
 
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_loading_a_trace_shows_progress(capsys, tmp_path, monkeypatch, tqdm_installed):
+    if not tqdm_installed:
+        monkeypatch.setitem(sys.modules, "tqdm", None)
+    path = tmp_path / "big.jsonl.gz"
+    rows = [{"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [0, i + 1]}
+            for i in range(3000)]
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    code, out, err = run(capsys, "study", "--trace", str(path), "--points", "2", "--progress",
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["workload"]["requests"] == 3000
+    assert ("radix-soa: loading" in err) and ("radix-soa: loading 100%" in err) != tqdm_installed
+    code, out, err = run(capsys, "study", "--trace", str(path), "--points", "2", "--no-progress")
+    assert code == 0 and err == ""
+
+
 def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--progress")

@@ -50,8 +50,11 @@ class Source:
     Standard input and file objects are read once into memory, so a source
     can be opened several times (format detection peeks, then loads)."""
 
-    def __init__(self, src):
+    def __init__(self, src, progress=None):
         self._bytes = None
+        #: ``progress(bytes read, total bytes)`` as a file is read (the
+        #: undecoded bytes, so compressed files report true progress)
+        self.progress = progress
         self.path = None
         if isinstance(src, (str, os.PathLike)) and os.fspath(src) == STDIN:
             self.name, self.stem = "<stdin>", "stdin"
@@ -83,7 +86,11 @@ class Source:
                 raise FileNotFoundError(f"trace file not found: {self.path}")
             if self.path.is_dir():
                 raise IsADirectoryError(f"trace path is a directory: {self.path}")
-            return open(self.path, "rb")
+            f = open(self.path, "rb")
+            if self.progress is None:
+                return f
+            return io.BufferedReader(_Counting(f, os.fstat(f.fileno()).st_size, self.progress),
+                                     1 << 16)
         if self._bytes is None:
             data = self._stream.read()
             if isinstance(data, str):
@@ -121,6 +128,34 @@ class Source:
         """Up to ``n`` decompressed bytes from the start."""
         with self.open() as f:
             return f.read(n)
+
+
+class _Counting(io.RawIOBase):
+    """A file that reports how much of it has been read."""
+
+    def __init__(self, f, total, report):
+        self._f, self._total, self._report, self._done = f, total, report, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, pos, whence=0):
+        self._done = self._f.seek(pos, whence)
+        return self._done
+
+    def readinto(self, b):
+        n = self._f.readinto(b)
+        if n:
+            self._done += n
+            self._report(self._done, self._total)
+        return n
+
+    def close(self):
+        self._f.close()
+        super().close()
 
 
 def as_source(src):
