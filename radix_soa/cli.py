@@ -697,7 +697,8 @@ def build_parser():
     fmt.add_argument("--csv", action="store_true",
                      help="print the sweep as CSV (one row per capacity) and nothing else")
     out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: only when stderr is a terminal)")
+                     help="progress on stderr, of loading the trace and of the replays "
+                          "(default: only when stderr is a terminal)")
     s.set_defaults(func=_study)
 
     b = sub.add_parser("build", help="build a tree from a built-in workload and report it")
