@@ -287,9 +287,9 @@ def section_replay(repeat):
         print("\n[replay] the Mooncake traces are not present; using the generated multi_turn workload")
         trace = radix_soa.workloads.as_trace(common.sequences("multi_turn"), "multi_turn")
     full = radix_soa.replay(trace)
-    caps = np.linspace(full.peak_tokens / 40, full.peak_tokens, 20).astype(int).tolist()
+    caps = np.linspace(full.peak_ids / 40, full.peak_ids, 20).astype(int).tolist()
     print(f"\n[replay] {trace.name}: {len(trace):,} requests, {trace.num_blocks:,} ids; unbounded "
-          f"hit rate {full.hit_rate:.4f}; 20 capacities up to {full.peak_tokens:,}")
+          f"hit rate {full.hit_rate:.4f}; 20 capacities up to {full.peak_ids:,}")
     radix_soa.replay(trace, capacity=caps[5])
     one = best_of(lambda: radix_soa.replay(trace, capacity=caps[5]), repeat + 2)
     print(f"  one replay at capacity {caps[5]:,}: {one * 1e3:.1f} ms")

@@ -1,7 +1,13 @@
-"""Old import paths that moved when the package was layered (0.2): each
-old module is a two-line shim calling ``moved``, which warns once and
-replaces itself with the new module, so every name (public or private) of
-the new module answers under the old path. They go in 0.3.
+"""Old names kept as deprecated aliases; they go in 0.3.
+
+Import paths that moved when the package was layered (0.2): each old module
+is a two-line shim calling ``moved``, which warns once and replaces itself
+with the new module, so every name (public or private) of the new module
+answers under the old path.
+
+Attributes that were renamed: ``renamed_attributes`` keeps each old name of a
+class as a property that warns and reads (or sets) the new one, and lets the
+constructor take the old keyword.
 
 >>> import warnings, importlib, sys
 >>> _ = sys.modules.pop("radix_soa.schedule", None)
@@ -12,6 +18,7 @@ the new module answers under the old path. They go in 0.3.
 (True, 'DeprecationWarning')
 """
 
+import functools
 import importlib
 import sys
 import warnings
@@ -51,3 +58,51 @@ def moved(old):
     module = importlib.import_module(new)
     sys.modules[old] = module
     return module
+
+
+def renamed_attributes(renames):
+    """Class decorator: ``renames`` maps old attribute names to new ones;
+    each old name stays a property aliasing the new one (and a keyword of
+    the constructor) that warns with a ``DeprecationWarning``.
+
+    >>> from dataclasses import dataclass
+    >>> @renamed_attributes({"size_tokens": "size_ids"})
+    ... @dataclass
+    ... class R:
+    ...     size_ids: int
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     r = R(size_tokens=3)
+    ...     old = r.size_tokens
+    >>> r.size_ids, old, [str(x.message)[:38] for x in w][0]
+    (3, 3, 'R.size_tokens is deprecated: use R.siz')
+    """
+    def decorate(cls):
+        def warn(old):
+            warnings.warn(f"{cls.__name__}.{old} is deprecated: use {cls.__name__}.{renames[old]} "
+                          f"(the old name goes in radix_soa {REMOVED_IN})", DeprecationWarning,
+                          stacklevel=3)
+
+        for old, new in renames.items():
+            def get(self, _old=old, _new=new):
+                warn(_old)
+                return getattr(self, _new)
+
+            def put(self, value, _old=old, _new=new):
+                warn(_old)
+                setattr(self, _new, value)
+
+            setattr(cls, old, property(get, put, doc=f"Deprecated alias of ``{new}``."))
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            for old in sorted(renames.keys() & kwargs.keys()):
+                warn(old)
+                kwargs[renames[old]] = kwargs.pop(old)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        cls.RENAMED = dict(renames)
+        return cls
+    return decorate

@@ -5,14 +5,18 @@ size save on this traffic, and what does the index cost?": it replays a
 built-in seeded workload or a real trace against LRU prefix caches over a
 range of capacities and prints the hit-rate table and the index's memory::
 
-    $ radix-soa study                                   # built-in multi_turn workload
+    $ radix-soa                                         # = radix-soa study: multi_turn workload
     $ radix-soa study --workload agent --points 6
-    $ radix-soa study --trace conversation_trace.jsonl --format mooncake --plot hits.png
+    $ radix-soa study --trace conversation_trace.jsonl.gz --plot hits.png   # format detected
+    $ radix-soa study --trace conv.jsonl --capacity-unit bytes --kv-bytes-per-token 160KiB \
+          --capacities 10GB,40GB,80GB                   # what does 40 GB of KV buy me?
+    $ radix-soa study --trace conv.jsonl --warmup 0.5   # score like kvcache-simulator
+    $ zcat conv.jsonl.gz | radix-soa study --trace - --csv > sweep.csv
     $ radix-soa study --json > study.json
 
-``radix-soa build`` (still the default when no subcommand is given) builds a
-tree from a built-in, seeded shared-prefix workload and reports what it
-stored::
+``radix-soa build`` builds a tree from a built-in, seeded shared-prefix
+workload and reports what it stored (given only build's own options, such as
+``--sequences``, the subcommand may still be left out)::
 
     $ radix-soa build --sequences 2000
 
@@ -21,19 +25,26 @@ starting with ``radix-soa: error:``), 1 if ``build`` finds a sequence missing.
 """
 
 import argparse
+import importlib
 import json
 import os
+import re
 import sys
 import threading
 import time
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from ._kernels.layout import POLICIES
 from ._validate import MAX_COUNT, MAX_PAGE, check_int
+from ._warmup import warmup_replay
 from .radix_cache import RadixCache
-from .studies import traces, workloads
+from .studies import report, traces, workloads
+from .studies.replay import check_warmup
+from .studies.sources import Source
 from .studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD, capacity_study,
                             default_capacities, generated_trace)
 
@@ -137,30 +148,72 @@ def _bounded(maximum):
     return parse
 
 
+_PREFIXES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+             "ki": 2**10, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_SIZE = re.compile(r"([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKMGTP]i?)?[bB]?")
+
+
+def _size(text, what="capacity"):
+    """``"40GB"``, ``"160KiB"``, ``"1.5M"``, ``"2_000"`` -> a non-negative int
+    (decimal prefixes k M G T P, binary Ki Mi Gi Ti Pi, an optional B)."""
+    t = text.strip()
+    m = _SIZE.fullmatch(t.lstrip("-"))
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"{what} {text[:40]!r} is not an integer (whole ids, tokens or bytes, optionally "
+            f"with a suffix: 5000, 2M, 40GB, 160KiB)")
+    digits, prefix = m.group(1), m.group(2) or ""
+    if "." in digits and not prefix:
+        raise argparse.ArgumentTypeError(
+            f"{what} {text[:40]!r} is not an integer (a fraction needs a suffix, e.g. 1.5GB)")
+    try:
+        value = Decimal(digits.replace("_", "")) * _PREFIXES[prefix]
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{what} {text[:40]!r} is not a number") from None
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{what} {text[:40]!r} is not a whole number")
+    value = int(value)
+    if t.startswith("-") and value:
+        raise argparse.ArgumentTypeError(f"{what} must be >= 0, got {text[:40]}")
+    try:
+        return check_int(what, value, minimum=0)
+    except (ValueError, OverflowError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _capacity_list(text):
-    """``"1000,2_000,5000"`` -> sorted distinct non-negative ints."""
+    """``"1000,2_000,40GB"`` -> distinct non-negative ints, in the order given."""
     parts = [p.strip() for p in text.split(",")]
     if not any(parts):
         raise argparse.ArgumentTypeError("expected a comma-separated list of integers")
-    caps = []
-    for p in parts:
-        try:
-            v = int(p)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"capacity {p!r} is not an integer (capacities are whole ids, "
-                f"e.g. --capacities 1000,5000,20000)") from None
-        try:
-            caps.append(check_int("capacity", v, minimum=0))
-        except (ValueError, OverflowError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return sorted(set(caps))
+    return sorted({_size(p) for p in parts})
+
+
+def _host_size(text):
+    return _size(text, "host capacity")
+
+
+def _kv_bytes(text):
+    v = _size(text, "--kv-bytes-per-token")
+    if v < 1:
+        raise argparse.ArgumentTypeError("--kv-bytes-per-token must be >= 1")
+    return v
+
+
+def _warmup_arg(text):
+    try:
+        return check_warmup(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc) if "warmup" in str(exc) else f"expected a number in [0, 1), got "
+                                                  f"{text[:40]!r}") from None
 
 
 def _check_study_args(args):
+    if args.capacity_unit == "bytes" and args.kv_bytes_per_token is None:
+        raise _UsageError("--capacity-unit bytes needs --kv-bytes-per-token (2 x layers x KV "
+                          "heads x head dim x bytes per value, e.g. 160KiB)")
     if args.trace is not None:
-        if args.format is None:
-            raise _UsageError(f"--trace needs --format ({', '.join(traces.FORMATS)})")
         if args.workload is not None:
             raise _UsageError("give either --workload or --trace, not both")
         for opt, v in (("--requests", args.requests), ("--seed", args.seed)):
@@ -170,10 +223,10 @@ def _check_study_args(args):
         raise _UsageError("--format needs --trace PATH")
     if args.plot is not None:
         try:
-            import matplotlib  # noqa: F401
+            importlib.import_module("matplotlib")  # the package itself, not a cached submodule
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise _UsageError("--plot needs matplotlib: pip install radix-soa[plot]") from None
-        from matplotlib.backend_bases import FigureCanvasBase
         supported = FigureCanvasBase.get_supported_filetypes()
         suffix = Path(args.plot).suffix.lower().lstrip(".")
         if suffix not in supported:
@@ -186,8 +239,16 @@ def _check_study_args(args):
 
 def _load(args):
     if args.trace is not None:
-        trace = traces.load_trace(args.trace, args.format)
-        return trace, {"source": "trace", "path": str(args.trace), "format": args.format}
+        src = Source(args.trace)
+        fmt = args.format or traces.detect_format(src)
+        bar = _LoadProgress(_progress_enabled(args.progress))
+        src.progress = bar.update
+        try:
+            trace = traces.load_trace(src, args.format)
+        finally:
+            bar.close()
+        return trace, {"source": "trace", "path": src.name, "format": fmt,
+                       "format_detected": args.format is None}
     name = args.workload or DEFAULT_WORKLOAD
     requests = DEFAULT_REQUESTS if args.requests is None else args.requests
     seed = 0 if args.seed is None else args.seed
@@ -248,6 +309,42 @@ class _Progress:
             sys.stderr.flush()
 
 
+class _LoadProgress:
+    """Bytes of a trace file read, on stderr (tqdm, else a percentage)."""
+
+    def __init__(self, enabled):
+        self.enabled, self._bar, self._shown = enabled, None, -1
+
+    def update(self, done, total):
+        if not self.enabled or not total:
+            return
+        if self._bar is None and self._shown < 0:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._bar = False
+            else:
+                self._bar = tqdm(total=total, desc=f"{PROG}: loading", unit="B",
+                                 unit_scale=True, file=sys.stderr, leave=False,
+                                 dynamic_ncols=True)
+            self._shown = 0
+        if self._bar:
+            self._bar.update(max(0, done - self._bar.n))
+            return
+        pct = min(100, done * 100 // total)
+        if pct != self._shown:
+            self._shown = pct
+            sys.stderr.write(f"\r{PROG}: loading {pct}%")
+            sys.stderr.flush()
+
+    def close(self):
+        if self._bar:
+            self._bar.close()
+        elif self._shown >= 0:
+            sys.stderr.write("\r" + " " * (len(PROG) + 16) + "\r")
+            sys.stderr.flush()
+
+
 def _progress_enabled(flag):
     if flag is not None:
         return flag
@@ -285,13 +382,35 @@ def _describe(desc, trace):
             f"{block}, {n_ns} namespace{'s' if n_ns != 1 else ''}")
 
 
-def _settings_line(args, unit_long, footprint, unbounded):
+def _settings_line(args, trace, footprint, unbounded):
+    bs = trace.block_size
+    ids = report.id_unit(bs)
     host = ("no host tier" if args.host_capacity is None
-            else f"host tier {args.host_capacity:,}")
+            else f"host tier {_in_units(args.host_ids, args, bs)}")
     window = f", window {args.window}" if args.schedule != "fcfs" else ""
-    return (f"capacities in {unit_long}; unbounded footprint {footprint:,}, "
-            f"unbounded hit rate {unbounded.hit_rate:.4f}; schedule {args.schedule}{window}, "
-            f"eviction {args.eviction_policy}, page size {args.page_size}, {host}")
+    rates = f"{unbounded.hit_rate:.4f} ({ids})"
+    if bs > 1:
+        rates += f", {unbounded.token_hit_rate:.4f} (tokens)"
+    scored = (f"; rates score the last {unbounded.scored_requests:,} requests "
+              f"(warmup {args.warmup:g})" if args.warmup else "")
+    unit = {"ids": _units(bs)[1], "tokens": "tokens",
+            "bytes": "bytes of KV"}[args.capacity_unit]
+    return (f"capacities in {unit}; unbounded footprint {_in_units(footprint, args, bs)}, "
+            f"unbounded hit rate {rates}; schedule {args.schedule}{window}, "
+            f"eviction {args.eviction_policy}, page size {args.page_size} "
+            f"{'id' if args.page_size == 1 else 'ids'}, {host}{scored}")
+
+
+def _in_units(ids, args, block_size):
+    """``ids`` said in the chosen unit, with ids beside when they differ."""
+    name = report.id_unit(block_size)
+    unit, kvb = args.capacity_unit, args.kv_bytes_per_token
+    if unit == "bytes":
+        return (f"{report.human_bytes(report.ids_to_capacity(ids, 'bytes', block_size, kvb))} "
+                f"of KV ({ids:,} {name})")
+    if unit == "tokens" and block_size > 1:
+        return f"{report.ids_to_capacity(ids, 'tokens', block_size):,} tokens ({ids:,} {name})"
+    return f"{ids:,} {name}"
 
 
 def _memory_lines(mem, unit, block_size):
@@ -320,34 +439,100 @@ def _memory_lines(mem, unit, block_size):
     return lines
 
 
-def _plot(path, sweep_result, unbounded, unit, unit_long, title):
+def _compact_number(x, _pos=None):
+    """Tick labels, 3 significant digits: 1500 -> '1.5k', 999.9e9 -> '1T'.
+
+    >>> [_compact_number(x) for x in (12, 1500, 57_575, 999.9e9, 2e6)]
+    ['12', '1.5k', '57.6k', '1T', '2M']
+    """
+    for suffix in ("", "k", "M", "G", "T", "P"):
+        if abs(x) < 999.5 or suffix == "P":
+            return f"{x:.3g}{suffix}"
+        x /= 1000
+
+
+def plot_figure(sweep_result, unbounded, memory, x_label, title, x_scale=1.0):
+    """The study as a matplotlib ``Figure``: hit rates (top), the share of
+    requests with any hit (middle, its own axis: it sits near 1 on traces
+    with a shared system prompt) and the replay's peak index memory
+    (bottom), against capacity (``x_scale`` converts ids to the x unit)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    rows = sweep_result.rows
-    caps = np.array([r["capacity"] for r in rows], dtype=float)
-    fig = Figure(figsize=(7, 4.5))
+    results = [r for r in sweep_result.results if r.capacity is not None]
+    caps = np.array([r.capacity for r in results], dtype=float) * x_scale
+    bs = unbounded.block_size
+    ids = "blocks" if bs > 1 else "tokens"
+    fig = Figure(figsize=(7.5, 8.5))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot(caps, [r["hit_rate"] for r in rows], "o-", label=f"hit rate (share of {unit})")
-    ax.plot(caps, [r["request_hit_rate"] for r in rows], "s--", alpha=0.7,
-            label="request hit rate")
-    if any(r["host_hit_rate"] for r in rows):
-        ax.plot(caps, [r["hit_rate"] + r["host_hit_rate"] for r in rows], "^-",
-                label="device + host hit rate")
-    ax.axhline(unbounded.hit_rate, color="grey", linestyle=":",
-               label=f"unbounded ({unbounded.hit_rate:.3f})")
+    ax_hit, ax_req, ax_mem = fig.subplots(3, 1, sharex=True,
+                                          gridspec_kw={"height_ratios": [3, 1.2, 1.5]})
+    rates = [r.hit_rate for r in results]
+    ax_hit.plot(caps, rates, "o-", label=f"hit rate ({ids})")
+    top = max(rates + [unbounded.hit_rate])
+    if bs > 1:
+        tok = [r.token_hit_rate for r in results]
+        ax_hit.plot(caps, tok, "d-", alpha=0.8, label="token hit rate (kvcache-simulator)")
+        top = max(top, *tok)
+    if any(r.host_hit_rate for r in results):
+        both = [r.prefill_saved_fraction for r in results]
+        ax_hit.plot(caps, both, "^-", label="prefill saved (device + host, tokens)")
+        top = max(top, *both)
+    ax_hit.axhline(unbounded.hit_rate, color="grey", linestyle=":",
+                   label=f"unbounded hit rate ({unbounded.hit_rate:.3f})")
+    ax_hit.set_ylim(0, min(1.0, top * 1.1) or 1.0)
+    ax_hit.set_ylabel("hit rate")
+    ax_hit.legend(loc="lower right", fontsize=8)
+    ax_req.plot(caps, [r.request_hit_rate for r in results], "s--", color="tab:purple")
+    ax_req.set_ylabel("requests\nwith a hit")
+    ax_req.set_ylim(0, 1.05)
+    ax_mem.plot(caps, [r.peak_index_bytes / 1e6 for r in results], "o-", color="tab:green",
+                label="replay index, peak")
+    ax_mem.axhline(memory["used_bytes"] / 1e6, color="tab:green", linestyle=":",
+                   label=f"tree of every request ({memory['used_bytes'] / 1e6:.3g} MB)")
+    ax_mem.set_ylabel("index memory (MB)")
+    ax_mem.set_ylim(bottom=0)
+    ax_mem.legend(loc="lower right", fontsize=8)
     positive = caps[caps > 0]
-    if positive.size >= 2 and positive.max() / positive.min() > 10 and positive.size == caps.size:
-        ax.set_xscale("log")
-    ax.set_xlabel(f"cache capacity ({unit_long})")
-    ax.set_ylabel("hit rate")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    log = positive.size == caps.size >= 2 and positive.max() / positive.min() > 10
+    if log:
+        ax_mem.set_xscale("log")
+    # ticks at the capacities swept (thinned to fit), no minor labels
+    ticks = list(caps)
+    step = max(1, -(-len(ticks) // 8))
+    ax_mem.xaxis.set_major_locator(FixedLocator(ticks[::step]))
+    ax_mem.xaxis.set_major_formatter(FuncFormatter(_compact_number))
+    ax_mem.xaxis.set_minor_locator(NullLocator())
+    ax_mem.xaxis.set_minor_formatter(NullFormatter())
+    ax_mem.set_xlabel(x_label)
+    for ax in (ax_hit, ax_req, ax_mem):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def _plot(path, args, st, trace, desc):
+    bs = trace.block_size
+    unit = args.capacity_unit
+    scale = report.ids_to_capacity(1, unit, bs, args.kv_bytes_per_token)
+    if unit == "bytes":
+        x_label = f"cache capacity (bytes of KV at {args.kv_bytes_per_token:,} per token)"
+    elif unit == "tokens":
+        x_label = "cache capacity (tokens)"
+    else:
+        x_label = f"cache capacity ({report.id_unit(bs)}" + (f" of {bs} tokens)" if bs > 1 else ")")
+    what = desc["workload"] if desc["source"] == "workload" else f"{trace.name} ({desc['format']})"
+    host = ("no host tier" if args.host_capacity is None
+            else f"host tier {_in_units(args.host_ids, args, bs)}")
+    window = f" (window {args.window})" if args.schedule != "fcfs" else ""
+    scored = f", last {1 - args.warmup:.0%} scored" if args.warmup else ""
+    title = (f"{what}: {len(trace):,} requests\nschedule {args.schedule}{window}, "
+             f"eviction {args.eviction_policy}, page size {args.page_size}, {host}{scored}")
+    fig = plot_figure(st.sweep, st.unbounded, st.memory, x_label, title, x_scale=scale)
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def _jsonable(x):
@@ -368,54 +553,72 @@ def _study(args):
     _check_study_args(args)
     t_start = time.perf_counter()
     trace, desc = _load(args)
-    replay_args = dict(page_size=args.page_size, host_capacity=args.host_capacity,
+    bs = trace.block_size
+    unit, kvb = args.capacity_unit, args.kv_bytes_per_token
+    caps = None
+    if args.capacities:
+        caps = sorted({report.capacity_to_ids(c, unit, bs, kvb) for c in args.capacities})
+    args.host_ids = (None if args.host_capacity is None
+                     else report.capacity_to_ids(args.host_capacity, unit, bs, kvb))
+    warmup_replay()  # compile (or load) the replay kernels now, so "ms" is the replay alone
+    replay_args = dict(page_size=args.page_size, host_capacity=args.host_ids,
                        schedule=args.schedule, window=args.window,
-                       eviction_policy=args.eviction_policy)
-    n_caps = len(args.capacities) if args.capacities else args.points
+                       eviction_policy=args.eviction_policy, warmup=args.warmup)
+    n_caps = len(caps) if caps else args.points
     progress = _Progress(1 + n_caps, _progress_enabled(args.progress))
 
-    def report(done, total):
+    def progress_report(done, total):
         if total != progress.total:  # known once the unbounded replay is done
             progress.set_total(total)
         progress.set(done)
 
     try:
-        st = capacity_study(trace, args.capacities, args.points, progress=report, **replay_args)
+        st = capacity_study(trace, caps, args.points, progress=progress_report, **replay_args)
     finally:
         progress.close()
     unbounded, footprint, result, mem = st.unbounded, st.footprint, st.sweep, st.memory
     seconds = time.perf_counter() - t_start
-
-    unit, unit_long = _units(trace.block_size)
-    header = _describe(desc, trace)
-    settings = _settings_line(args, unit_long, footprint, unbounded)
+    summary = report.summary_line(result.results, unbounded, footprint, unit, kvb)
     if args.plot is not None:
-        title = (desc["workload"] if desc["source"] == "workload"
-                 else f"{trace.name} ({desc['format']})")
-        _plot(args.plot, result, unbounded, unit, unit_long, title)
+        _plot(args.plot, args, st, trace, desc)
 
+    if args.csv:
+        sys.stdout.write(report.to_csv(result.results, unit, kvb))
+        return 0
     if args.json:
+        best = report.smallest_reaching(result.results, 0.9 * unbounded.hit_rate)
         doc = {
+            "version": __version__,
             "workload": {**desc, **trace.summary()},
-            "units": unit_long,
+            "units": _units(bs)[1],
+            "id_unit": report.id_unit(bs),
+            "capacity_unit": unit,
+            "kv_bytes_per_token": kvb,
             "settings": {"schedule": args.schedule, "window": args.window,
-                         "page_size": args.page_size, "host_capacity": args.host_capacity},
+                         "page_size": args.page_size, "host_capacity": args.host_ids,
+                         "eviction_policy": args.eviction_policy, "warmup": args.warmup},
             "footprint": footprint,
             "capacities": [r.capacity for r in result.results],
+            "capacities_in_unit": [report.ids_to_capacity(r.capacity, unit, bs, kvb)
+                                   for r in result.results],
             "unbounded": unbounded.summary(),
             "sweep": [r.summary() for r in result.results],
+            "summary": {"line": summary, "share_of_unbounded": 0.9,
+                        "smallest_capacity": None if best is None else best.capacity},
             "index_memory": mem,
             "plot": None if args.plot is None else str(args.plot),
             "seconds": seconds,
         }
         print(json.dumps(doc, indent=2, default=_jsonable, allow_nan=False))
         return 0
-    print(header)
-    print(settings)
+    print(_describe(desc, trace))
+    print(_settings_line(args, trace, footprint, unbounded))
     print()
-    print(result)
+    print(report.table(result.results, unit, kvb))
     print()
-    print("\n".join(_memory_lines(mem, unit, trace.block_size)))
+    print(summary)
+    print()
+    print("\n".join(_memory_lines(mem, _units(bs)[0], bs)))
     if args.plot is not None:
         print(f"\nplot written to {args.plot}")
     return 0
@@ -429,7 +632,9 @@ def build_parser():
     parser = _Parser(
         prog=PROG,
         description="Radix-tree prefix cache over token sequences (NumPy + Numba). "
-                    "Without a subcommand, runs 'build'.")
+                    "Without a subcommand, runs 'study' (or 'build', given only build's "
+                    "own options).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", title="subcommands", metavar="{study,build}")
 
     s = sub.add_parser(
@@ -438,25 +643,36 @@ def build_parser():
         description="Replay a built-in seeded workload (default: %s, %d requests) or a real "
                     "trace against LRU prefix caches over a range of capacities; print the "
                     "hit-rate table and the index's memory. Capacities are in the trace's id "
-                    "units (tokens for token traces, blocks for block traces)."
+                    "units (tokens for token traces, blocks for block traces) unless "
+                    "--capacity-unit says tokens or bytes."
                     % (DEFAULT_WORKLOAD, DEFAULT_REQUESTS))
-    src = s.add_argument_group("traffic (a built-in workload, or --trace with --format)")
+    src = s.add_argument_group("traffic (a built-in workload, or --trace)")
     src.add_argument("--workload", choices=list(workloads.GENERATORS),
                      help=f"built-in seeded workload (default {DEFAULT_WORKLOAD})")
     src.add_argument("--requests", type=_bounded(10_000_000), metavar="N",
                      help=f"requests of the built-in workload (default {DEFAULT_REQUESTS})")
     src.add_argument("--seed", type=_nonneg_int, metavar="S",
                      help="seed of the built-in workload (default 0)")
-    src.add_argument("--trace", type=Path, metavar="PATH",
-                     help="a trace file (or a directory of kv-cache-tester files)")
-    src.add_argument("--format", choices=list(traces.FORMATS), help="the trace's format")
+    src.add_argument("--trace", metavar="PATH",
+                     help="a trace file, plain, .gz or .zst (zstd needs the zstandard module), "
+                          "a directory of kv-cache-tester files, or - for standard input")
+    src.add_argument("--format", choices=list(traces.FORMATS),
+                     help="the trace's format (default: detected from the content)")
     cap = s.add_argument_group("capacities (default: %d points from 1/32 of the unbounded "
                                "footprint to all of it)" % DEFAULT_POINTS)
     ex = cap.add_mutually_exclusive_group()
     ex.add_argument("--capacities", type=_capacity_list, metavar="C1,C2,...",
-                    help="explicit capacities, in ids (blocks for block traces)")
+                    help="explicit capacities in --capacity-unit; suffixes k M G T (1000s), "
+                         "Ki Mi Gi Ti (1024s) and B are allowed: 40GB, 2M, 160KiB")
     ex.add_argument("--points", type=_bounded(10_000), default=DEFAULT_POINTS, metavar="K",
                     help=f"number of capacities (default {DEFAULT_POINTS})")
+    cap.add_argument("--capacity-unit", choices=list(report.CAPACITY_UNITS), default="ids",
+                     help="unit of --capacities, --host-capacity and the table: the trace's "
+                          "ids (default; blocks on block traces), tokens, or bytes of KV "
+                          "(needs --kv-bytes-per-token)")
+    cap.add_argument("--kv-bytes-per-token", type=_kv_bytes, metavar="B",
+                     help="KV cache bytes per token (2 x layers x KV heads x head dim x bytes "
+                          "per value, e.g. 160KiB); adds a KV-bytes capacity column")
     rp = s.add_argument_group("replay")
     rp.add_argument("--schedule", choices=["fcfs", "lpm", "dfs"], default="fcfs",
                     help="request order (default fcfs)")
@@ -466,19 +682,26 @@ def build_parser():
                     help="scheduling window for lpm/dfs (default 64)")
     rp.add_argument("--page-size", type=_bounded(MAX_PAGE), default=1, metavar="P",
                     help="ids per page; hits count whole pages (default 1)")
-    rp.add_argument("--host-capacity", type=_nonneg_int, metavar="H",
-                    help="add a host tier of H ids that catches device evictions")
+    rp.add_argument("--host-capacity", type=_host_size, metavar="H",
+                    help="add a host tier of H (in --capacity-unit) that catches device "
+                         "evictions")
+    rp.add_argument("--warmup", type=_warmup_arg, default=0.0, metavar="F",
+                    help="score only the requests after the first F of arrivals (they warm "
+                         "the cache); 0.5 scores like kvcache-simulator (default 0)")
     out = s.add_argument_group("output")
     out.add_argument("--plot", metavar="OUT.png",
                      help="save a hit-rate-vs-capacity plot (needs matplotlib)")
-    out.add_argument("--json", action="store_true",
+    fmt = out.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true",
                      help="print one JSON document and nothing else on stdout")
+    fmt.add_argument("--csv", action="store_true",
+                     help="print the sweep as CSV (one row per capacity) and nothing else")
     out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: only when stderr is a terminal)")
+                     help="progress on stderr, of loading the trace and of the replays "
+                          "(default: only when stderr is a terminal)")
     s.set_defaults(func=_study)
 
-    b = sub.add_parser("build", help="build a tree from a built-in workload and report it "
-                                     "(the default)")
+    b = sub.add_parser("build", help="build a tree from a built-in workload and report it")
     b.add_argument("--sequences", type=_bounded(10_000_000), default=20_000,
                    help="number of sequences (default 20000)")
     b.add_argument("--prompts", type=_bounded(1_000_000), default=50,
@@ -500,11 +723,23 @@ def _fail(message):
     return 2
 
 
+# options only 'build' has: given alone, they still mean 'build' (its old default)
+_BUILD_ONLY = ("--sequences", "--prompts", "--prompt-len", "--dtype")
+
+
+def _default_command(argv):
+    """The subcommand run when none is given: 'study', unless the options
+    are build's own."""
+    if any(a.split("=", 1)[0] in _BUILD_ONLY for a in argv):
+        return "build"
+    return "study"
+
+
 def main(argv=None):
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-        argv = ["build"] + argv
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = [_default_command(argv)] + argv
     args = parser.parse_args(argv)
     for name in ("sequences", "prompts", "prompt_len"):
         if getattr(args, name, 1) < 1:

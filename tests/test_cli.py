@@ -1,6 +1,9 @@
 """The ``radix-soa`` command: ``study`` (in process, plus one run of the
 installed entry point) and the ``build`` default."""
 
+import csv
+import gzip
+import io
 import json
 import shutil
 import subprocess
@@ -61,30 +64,73 @@ MOONCAKE_ROWS = [
 # study
 # ----------------------------------------------------------------------------
 
-def test_default_study_prints_header_table_and_memory(capsys):
-    code, out, err = run(capsys, "study")
+def table_rows(lines):
+    """(names row index, rows as lists of cells) of the printed sweep table."""
+    head = next(i for i, line in enumerate(lines)
+                if line.split()[:1] == ["capacity"] and "hit rate" in line)
+    rows = []
+    for line in lines[head + 2:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    return head, rows
+
+
+def test_default_study_prints_header_table_legend_summary_and_memory(capsys):
+    code, out, err = run(capsys)  # no subcommand: the study
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("workload multi_turn (multi_turn_branching, seed 0): 2,000 requests")
     assert "block size 1" in lines[0] and "1 namespace" in lines[0]
     assert lines[1].startswith("capacities in ids (= tokens); unbounded footprint ")
-    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["capacity", "hit"])
-    rows = lines[head + 1:head + 11]
+    head, rows = table_rows(lines)
+    names, units = lines[head].split("  "), lines[head + 1]
+    assert units.split() == ["(tokens)", "(tokens)", "(share)", "(tokens)", "(bytes)", "(ms)"]
+    assert [n.strip() for n in names if n.strip()] == \
+        ["capacity", "hit rate", "req. w/ hit", "evicted", "index peak", "replay"]
     assert len(rows) == 10
-    hit_rates = [float(r.split()[1]) for r in rows]
+    hit_rates = [float(r[1]) for r in rows]
     assert hit_rates == sorted(hit_rates) and 0 < hit_rates[0] < hit_rates[-1] <= 1
-    assert lines[head + 11] == ""
-    assert lines[head + 12].startswith("index memory")
+    legend = lines[head + 13:]
+    # every column is explained; what was left out (all zero or a duplicate) is said
+    for name in ("capacity (tokens):", "hit rate (tokens):", "evicted (tokens):",
+                 "index peak (bytes): peak memory", "replay (ms):"):
+        assert any(line.strip().startswith(name) for line in legend), name
+    assert "  left out: host hit (all zero), prefill saved (equal to hit rate), rejected " \
+           "(all zero)" in out
+    summary = next(line for line in lines if line.startswith("summary: "))
+    assert "is the smallest capacity swept that reaches 90% of the unbounded hit rate" in summary
     assert "bytes per stored id" in out and "compression ratio" in out
     assert err == ""  # stderr is not a terminal under capsys: no progress bar
+
+
+def test_the_summary_names_the_first_capacity_reaching_90_percent(capsys):
+    doc = run_json(capsys, *SMALL, "--points", "6")
+    target = 0.9 * doc["unbounded"]["hit_rate"]
+    first = next(r["capacity"] for r in doc["sweep"] if r["hit_rate"] >= target)
+    assert doc["summary"]["smallest_capacity"] == first
+    assert all(r["hit_rate"] < target for r in doc["sweep"] if r["capacity"] < first)
+    assert doc["summary"]["line"].startswith(f"summary: {first:,} tokens is the smallest")
+    low = run_json(capsys, *SMALL, "--capacities", "10,20")
+    assert low["summary"]["smallest_capacity"] is None
+    assert "no capacity swept reaches 90%" in low["summary"]["line"]
+
+
+def test_replay_time_leaves_out_compilation(capsys, monkeypatch):
+    import radix_soa.cli as cli
+    calls = []
+    real = cli.warmup_replay
+    monkeypatch.setattr(cli, "warmup_replay", lambda: calls.append(1) or real())
+    run_json(capsys, *SMALL, "--points", "2")
+    assert calls == [1]  # the kernels are compiled before the first timed replay
 
 
 def test_json_hit_rates_equal_a_direct_sweep(capsys):
     doc = run_json(capsys, *SMALL, "--points", "4")
     seqs = workloads.generate("chat", n_sequences=300, seed=3)
     unbounded = radix_soa.replay(seqs)
-    caps = default_capacities(unbounded.peak_tokens, 4)
-    assert doc["capacities"] == caps and doc["footprint"] == unbounded.peak_tokens
+    caps = default_capacities(unbounded.peak_ids, 4)
+    assert doc["capacities"] == caps and doc["footprint"] == unbounded.peak_ids
     direct = radix_soa.sweep(seqs, caps)
     assert [r["hit_rate"] for r in doc["sweep"]] == [r.hit_rate for r in direct.results]
     assert [r["prefill_tokens_saved"] for r in doc["sweep"]] == \
@@ -93,7 +139,10 @@ def test_json_hit_rates_equal_a_direct_sweep(capsys):
     assert doc["workload"]["requests"] == 300 and doc["workload"]["block_size"] == 1
     mem = doc["index_memory"]
     assert isinstance(mem["used_bytes"], int) and isinstance(mem["compression_ratio"], float)
-    assert mem["tokens_stored"] == unbounded.peak_tokens  # no eviction: the same tree
+    assert mem["tokens_stored"] == unbounded.peak_ids  # no eviction: the same tree
+    # block counts are named as ids, real tokens as tokens
+    assert doc["unbounded"]["hit_ids"] == unbounded.hit_ids and "hit_tokens" not in doc["unbounded"]
+    assert doc["unbounded"]["prefill_tokens_hit"] == unbounded.prefill_tokens_hit
 
 
 def test_json_with_explicit_capacities_and_replay_options(capsys):
@@ -106,7 +155,7 @@ def test_json_with_explicit_capacities_and_replay_options(capsys):
     assert [(r["hit_rate"], r["host_hit_rate"]) for r in doc["sweep"]] == \
         [(r.hit_rate, r.host_hit_rate) for r in direct.results]
     assert doc["settings"] == {"schedule": "lpm", "window": 8, "page_size": 4,
-                               "host_capacity": 3000}
+                               "host_capacity": 3000, "eviction_policy": "lru", "warmup": 0.0}
 
 
 @pytest.mark.parametrize("name", ["few_shot", "multi_turn", "agent", "long_prefix"])
@@ -127,7 +176,7 @@ def test_study_on_a_mooncake_file(capsys, tmp_path):
     assert "bytes per stored block" in out and "bytes per stored token" in out
     doc = run_json(capsys, "--trace", str(path), "--format", "mooncake", "--capacities", "2,6")
     # unbounded: request 2 hits 3 of 4 blocks, request 3 hits 1 of 2, request 4 hits 4 of 5
-    assert doc["unbounded"]["hit_tokens"] == 8 and doc["footprint"] == 6
+    assert doc["unbounded"]["hit_ids"] == 8 and doc["footprint"] == 6
     assert doc["sweep"][-1]["hit_rate"] == pytest.approx(8 / 14)
 
 
@@ -138,7 +187,7 @@ def test_study_on_a_tokens_file(capsys, tmp_path):
     assert code == 0, err
     assert out.startswith("trace toks (tokens: ") and "capacities in ids (= tokens)" in out
     doc = run_json(capsys, "--trace", str(path), "--format", "tokens")
-    assert doc["unbounded"]["hit_tokens"] == 3 + 2 + 4
+    assert doc["unbounded"]["hit_ids"] == 3 + 2 + 4
     assert doc["capacities"][-1] == doc["footprint"] == 7
 
 
@@ -153,7 +202,7 @@ def test_study_on_several_namespaces(capsys, tmp_path):
     assert code == 0, err
     assert "2 namespaces" in out and "namespace << 40" in out
     doc = run_json(capsys, "--trace", str(tmp_path), "--format", "kvcache-tester")
-    assert doc["unbounded"]["hit_tokens"] == 4
+    assert doc["unbounded"]["hit_ids"] == 4
     assert doc["index_memory"]["tokens_stored"] == 6 == doc["footprint"]
 
 
@@ -165,6 +214,53 @@ def test_plot_writes_a_png(capsys, tmp_path):
     assert out.rstrip().endswith(f"plot written to {png}")
     doc = run_json(capsys, *SMALL, "--points", "3", "--plot", str(tmp_path / "b.png"))
     assert doc["plot"] == str(tmp_path / "b.png")
+
+
+def rendered_overlaps(fig):
+    """Pairs of visible, non-empty x tick labels that overlap once drawn."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels(which="both") if t.get_visible() and t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        found += [(labels[i].get_text(), labels[j].get_text())
+                  for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                  if boxes[i].overlaps(boxes[j])]
+    return found
+
+
+def test_plot_panels_title_and_ticks(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import radix_soa.cli as cli
+    figures = []
+    real = cli.plot_figure
+    monkeypatch.setattr(cli, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
+                        or figures[-1])
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    code, _, err = run(capsys, "study", "--trace", str(path), "--capacities",
+                       "30000,35000,40000,45000,52000,60000", "--schedule", "lpm",
+                       "--page-size", "2", "--host-capacity", "7", "--plot",
+                       str(tmp_path / "a.png"))
+    assert code == 0, err
+    (fig,) = figures
+    title = fig._suptitle.get_text()
+    for part in ("mini (mooncake)", "schedule lpm (window 64)", "page size 2",
+                 "host tier 7 blocks"):
+        assert part in title, title
+    hits, requests, memory = fig.axes
+    assert "requests" in requests.get_ylabel() and "index memory" in memory.get_ylabel()
+    assert not any("request" in line.get_label() for line in hits.get_lines())  # its own panel
+    assert requests.get_lines()[0].get_ydata().tolist() == [0.5] * 6  # whole 2-block pages
+    assert rendered_overlaps(fig) == []
+    assert [t.get_text() for t in memory.get_xticklabels(which="minor")
+            if t.get_visible() and t.get_text()] == []
+    figures.clear()
+    # a log axis over 1.5 decades labels its minor ticks: "3x10^4" ran into "4x10^4"
+    run(capsys, "study", *SMALL, "--capacities", "2000,5000,20000,60000", "--plot",
+        str(tmp_path / "b.png"))
+    assert memory.get_xscale() == "linear" and figures[0].axes[2].get_xscale() == "log"
+    assert rendered_overlaps(figures[0]) == []
 
 
 def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
@@ -182,10 +278,110 @@ def test_progress_goes_to_stderr_only(capsys):
     assert code == 0 and err == ""
 
 
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_loading_a_trace_shows_progress(capsys, tmp_path, monkeypatch, tqdm_installed):
+    if not tqdm_installed:
+        monkeypatch.setitem(sys.modules, "tqdm", None)
+    path = tmp_path / "big.jsonl.gz"
+    rows = [{"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [0, i + 1]}
+            for i in range(3000)]
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    code, out, err = run(capsys, "study", "--trace", str(path), "--points", "2", "--progress",
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["workload"]["requests"] == 3000
+    assert ("radix-soa: loading" in err) and ("radix-soa: loading 100%" in err) != tqdm_installed
+    code, out, err = run(capsys, "study", "--trace", str(path), "--points", "2", "--no-progress")
+    assert code == 0 and err == ""
+
+
 def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     code, out, err = run(capsys, "study", *SMALL, "--points", "2", "--progress")
     assert code == 0 and "radix-soa: replay 3/3" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"radix-soa {radix_soa.__version__}"
+
+
+def test_csv_holds_every_number_and_nothing_else(capsys):
+    code, out, err = run(capsys, "study", *SMALL, "--points", "3", "--csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    doc = run_json(capsys, *SMALL, "--points", "3")
+    assert [int(r["capacity_ids"]) for r in rows] == doc["capacities"]
+    assert [float(r["hit_rate"]) for r in rows] == [r["hit_rate"] for r in doc["sweep"]]
+    assert [int(r["evicted_ids"]) for r in rows] == [r["evicted_ids"] for r in doc["sweep"]]
+    assert rows[0]["host_capacity"] == ""  # None
+
+
+def test_capacities_in_tokens_and_bytes_of_kv(capsys, tmp_path):
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    trace = ["--trace", str(path)]
+    by_ids = run_json(capsys, *trace, "--capacities", "2,6")
+    # 1,100 tokens hold 2 whole 512-token blocks; 3,100 tokens hold 6
+    by_tokens = run_json(capsys, *trace, "--capacity-unit", "tokens", "--capacities", "1100,3.1k")
+    assert by_tokens["capacities"] == [2, 6] and by_tokens["capacities_in_unit"] == [1024, 3072]
+    assert [r["hit_rate"] for r in by_tokens["sweep"]] == [r["hit_rate"] for r in by_ids["sweep"]]
+    # "what does 40 GB of KV buy me?" at 160 KiB per token: 40e9 // (512 x 163,840) = 476 blocks
+    doc = run_json(capsys, *trace, "--capacity-unit", "bytes", "--kv-bytes-per-token", "160KiB",
+                   "--capacities", "40GB,1GiB", "--host-capacity", "1GB")
+    assert doc["capacities"] == [12, 476] and doc["kv_bytes_per_token"] == 163840
+    assert doc["settings"]["host_capacity"] == 1_000_000_000 // (512 * 163840)
+    assert doc["capacities_in_unit"] == [12 * 512 * 163840, 476 * 512 * 163840]
+    code, out, err = run(capsys, "study", *trace, "--capacity-unit", "bytes",
+                         "--kv-bytes-per-token", "160KiB", "--capacities", "40GB")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].startswith("capacities in bytes of KV; unbounded footprint 503 MB of KV "
+                               "(6 blocks)")
+    head, rows = table_rows(lines)
+    assert lines[head + 1].split()[:3] == ["(KV", "bytes)", "(blocks)"]
+    assert rows[0][:3] == ["39.9", "GB", "476"]
+    assert "at 163,840 bytes per token" in out
+    assert "summary: 39.9 GB of KV (243,712 tokens, 476 blocks) is the smallest" in out
+
+
+def test_traces_from_gzip_and_standard_input_with_the_format_detected(capsys, tmp_path,
+                                                                      monkeypatch):
+    rows = "".join(json.dumps(r) + "\n" for r in MOONCAKE_ROWS).encode()
+    packed = tmp_path / "mini.jsonl.gz"
+    packed.write_bytes(gzip.compress(rows))
+    doc = run_json(capsys, "--trace", str(packed), "--capacities", "6")
+    assert doc["workload"]["format"] == "mooncake" and doc["workload"]["format_detected"]
+    assert doc["workload"]["name"] == "mini" and doc["unbounded"]["hit_ids"] == 8
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(rows)))
+    code, out, err = run(capsys, "study", "--trace", "-", "--capacities", "6")
+    assert code == 0, err
+    assert out.startswith("trace stdin (mooncake: <stdin>): 4 requests")
+
+
+def test_warmup_scores_like_kvcache_simulator(capsys, tmp_path):
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    doc = run_json(capsys, "--trace", str(path), "--warmup", "0.5", "--capacities", "6")
+    r = doc["sweep"][0]
+    # requests 3 and 4 are scored: hits 1 of 2 and 4 of 5 blocks; tokens min(512, 1024) and
+    # min(4 x 512, 2100)
+    assert r["scored_requests"] == 2 and r["hit_rate"] == pytest.approx(5 / 7)
+    assert r["token_hit_rate"] == pytest.approx((512 + 2048) / (1024 + 2100))
+    assert doc["settings"]["warmup"] == 0.5
+    code, out, _ = run(capsys, "study", "--trace", str(path), "--warmup", "0.5")
+    assert "rates score the last 2 requests (warmup 0.5)" in out
+    assert "scored: the last 2 of 4 requests (the first 50% of arrivals only warm" in out
+    assert "token hit (tokens): prompt tokens served by the device" in out
+
+
+def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
+    code, out, err = run(capsys, "--requests", "100", "--points", "2", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["sweep"]) == 2  # the study
+    code, out, err = run(capsys, "--seed", "1", "--sequences=50", "--json")
+    assert code == 0, err
+    assert json.loads(out)["sequences"] == 50  # build
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -199,7 +395,22 @@ def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     (["--capacities", "10", "--points", "3"], "not allowed with argument"),
     (["--points", "0"], "must be >= 1"),
     (["--window", "0"], "must be >= 1"),
-    (["--trace", "{tmp}/bad.jsonl"], "--trace needs --format"),
+    (["--trace", "{tmp}/odd.txt"], "cannot tell the trace format: it starts with 'hello"),
+    (["--trace", "{tmp}/bad.jsonl", "--format", "kvcache-tester"],
+     "looks like a mooncake trace, not kvcache-tester"),
+    (["--capacity-unit", "bytes"], "--capacity-unit bytes needs --kv-bytes-per-token"),
+    (["--capacity-unit", "blocks"], "invalid choice: 'blocks'"),
+    (["--kv-bytes-per-token", "0"], "--kv-bytes-per-token must be >= 1"),
+    (["--kv-bytes-per-token", "lots"], "is not an integer"),
+    (["--capacities", "1.5"], "a fraction needs a suffix"),
+    (["--capacities", "1.0005k"], "is not a whole number"),
+    (["--capacities", "40XB"], "is not an integer"),
+    (["--host-capacity", "-3"], "host capacity must be >= 0"),
+    (["--warmup", "1"], "warmup must be in [0, 1)"),
+    (["--warmup", "half"], "expected a number in [0, 1)"),
+    (["--warmup", "nan"], "warmup must be in [0, 1)"),
+    (["--json", "--csv"], "not allowed with argument"),
+    (["--trace", "{tmp}/t.zst"], "needs the 'zstandard' module"),
     (["--format", "tokens"], "--format needs --trace"),
     (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--workload", "chat"], "not both"),
     (["--trace", "{tmp}/bad.jsonl", "--format", "mooncake", "--requests", "5"], "--requests"),
@@ -208,8 +419,11 @@ def test_plain_counter_when_tqdm_is_missing(capsys, monkeypatch):
     (["--plot", "{tmp}/no/such/dir/out.png"], "does not exist"),
     (["--no-such-option"], "unrecognized arguments"),
 ])
-def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, argv, expect):
+def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, expect):
     write_mooncake(tmp_path / "bad.jsonl", MOONCAKE_ROWS[:1])
+    (tmp_path / "odd.txt").write_text("hello\n")
+    (tmp_path / "t.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 8)
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as if it were not installed
     with open(tmp_path / "bad.jsonl", "a") as f:
         f.write('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}\n')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
@@ -226,10 +440,10 @@ def test_help_lists_both_subcommands(capsys):
 
 
 # ----------------------------------------------------------------------------
-# build (still the default)
+# build (the default when only its own options are given)
 # ----------------------------------------------------------------------------
 
-def test_build_is_still_the_default(capsys):
+def test_build_runs_without_its_name_given_its_own_options(capsys):
     code, out, err = run(capsys, "--sequences", "200", "--json")
     assert code == 0, err
     report = json.loads(out)

@@ -49,12 +49,13 @@ requests = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=1
 
 @given(requests, st.sampled_from([None, 0, 3, 8, 20]), st.sampled_from([None, 0, 5, 30]),
        st.sampled_from([1, 2]), st.sampled_from(["fcfs", "lpm", "dfs"]), st.integers(1, 5),
-       st.sampled_from(["lru", "lru", "lfu", "fifo", "mru", "filo", "priority"]))
+       st.sampled_from(["lru", "lru", "lfu", "fifo", "mru", "filo", "priority"]),
+       st.sampled_from([0.0, 0.0, 0.25, 0.5, 0.9]))
 def test_compiled_replay_equals_the_reference(reqs, capacity, host, page, schedule, window,
-                                              policy):
+                                              policy, warmup):
     trace = small_trace([r for r, _ in reqs], [ns for _, ns in reqs])
     kw = dict(capacity=capacity, host_capacity=host, page_size=page, schedule=schedule,
-              window=window, eviction_policy=policy)
+              window=window, eviction_policy=policy, warmup=warmup)
     same(replay(trace, **kw), replay_reference(trace, **kw))
 
 
@@ -75,7 +76,7 @@ def test_dead_runs_are_compacted_mid_replay():
     kw = dict(capacity=4000, host_capacity=3000)
     r = replay(seqs, **kw)
     same(r, replay_reference(seqs, **kw))
-    assert r.evicted_tokens > 290_000
+    assert r.evicted_ids > 290_000
     assert r.peak_index_bytes < 600_000  # buffers were compacted, not grown to 300k tokens
     assert r.host_hits[-5:].sum() > 0  # LRU cycling: the device misses, the host tier holds them
 
@@ -85,25 +86,25 @@ def test_result_accounting():
                                       tail_len=(10, 50), seed=2)
     lengths = np.array([len(s) for s in seqs])
     full = replay(seqs)
-    assert full.evicted_tokens == 0 and full.rejected == 0
-    assert full.total_tokens == lengths.sum() == full.prefill_tokens
+    assert full.evicted_ids == 0 and full.rejected == 0
+    assert full.total_ids == lengths.sum() == full.prefill_tokens
     assert np.all(full.hits <= lengths) and np.all(full.hits >= 0)
     rc = rs.RadixCache()  # unbounded: the cache ends holding exactly the tree of all requests
     rc.insert_batch(seqs)
-    assert full.final_tokens == rc.num_tokens == full.peak_tokens
+    assert full.final_ids == rc.num_tokens == full.peak_ids
     small = replay(seqs, capacity=1000)
-    assert small.peak_tokens <= 1000
-    assert small.hit_tokens < full.hit_tokens
-    assert small.prefill_tokens_saved == small.hit_tokens  # block size 1, hits <= inputs
+    assert small.peak_ids <= 1000
+    assert small.hit_ids < full.hit_ids
+    assert small.prefill_tokens_saved == small.hit_ids  # block size 1, hits <= inputs
     assert small.order.tolist() == list(range(300))
     summary = small.summary()
-    assert summary["hit_rate"] == pytest.approx(small.hit_tokens / small.total_tokens)
+    assert summary["hit_rate"] == pytest.approx(small.hit_ids / small.total_ids)
     assert "hits" not in summary
 
 
 def test_a_request_longer_than_the_capacity_is_not_cached():
     r = replay([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2], [1, 2, 9]], capacity=3)
-    assert r.rejected == 2 and r.hits.tolist() == [0, 0, 0, 2] and r.final_tokens == 3
+    assert r.rejected == 2 and r.hits.tolist() == [0, 0, 0, 2] and r.final_ids == 3
 
 
 def test_host_tier_returns_what_the_device_evicted():
@@ -122,6 +123,70 @@ def test_block_size_converts_hits_to_prefill_tokens():
     r = replay(tr)
     assert r.hits.tolist() == [0, 2]
     assert r.prefill_tokens_saved == 1024 and r.prefill_tokens == 2200
+
+
+def block_trace():
+    # 512-token blocks; the last block of each request is partial
+    return Trace(name="blocks", flat=np.array([1, 2, 1, 2, 3, 1, 2, 3, 4], np.int64),
+                 offsets=np.array([0, 2, 5, 9], np.int64), timestamps=np.zeros(3),
+                 input_tokens=np.array([1000, 1200, 1600], np.int64),
+                 output_tokens=np.zeros(3, np.int64), namespace=np.zeros(3, np.int64),
+                 block_size=512)
+
+
+def test_token_weighted_hit_rate_caps_each_hit_at_the_input_length():
+    r = replay(block_trace())
+    assert r.hits.tolist() == [0, 2, 3]
+    # request 2: min(2 x 512, 1200) = 1024; request 3: min(3 x 512, 1600) = 1536
+    assert r.prefill_tokens_hit == 1024 + 1536 and r.prefill_tokens == 3800
+    assert r.token_hit_rate == pytest.approx(2560 / 3800)
+    assert r.hit_rate == pytest.approx(5 / 9)  # ids
+    tokens = replay([[1, 2, 3], [1, 2, 4]])  # a token trace: both rates agree
+    assert tokens.token_hit_rate == tokens.hit_rate == pytest.approx(2 / 6)
+
+
+def test_warmup_scores_only_the_last_requests():
+    tr = block_trace()
+    whole = replay(tr)
+    r = replay(tr, warmup=0.5)  # floor(0.5 x 3) = 1 request warms the cache
+    assert r.scored_requests == 2 and r.warmup == 0.5 and r.requests == 3
+    assert r.hits.tolist() == whole.hits.tolist()  # the same replay, scored differently
+    assert (r.hit_ids, r.total_ids) == (5, 7)
+    assert (r.prefill_tokens_hit, r.prefill_tokens) == (2560, 2800)
+    assert r.token_hit_rate == pytest.approx(2560 / 2800)
+    assert r.request_hit_rate == 1.0 and whole.request_hit_rate == pytest.approx(2 / 3)
+    assert r.peak_ids == whole.peak_ids == 4  # cache measures cover the whole replay
+    assert replay(tr, warmup=0.9).scored_requests == 1
+    table = sweep(tr, [2, 4], warmup=0.5)
+    assert [x.scored_requests for x in table.results] == [2, 2]
+    assert "scored: the last 2 of 3 requests (the first 50%" in str(table)
+
+
+@pytest.mark.parametrize("bad, exc", [(1.0, ValueError), (-0.1, ValueError),
+                                      (float("nan"), ValueError), ("0.5", TypeError),
+                                      (True, TypeError), (None, TypeError)])
+def test_bad_warmup(bad, exc):
+    with pytest.raises(exc, match="warmup"):
+        replay([[1, 2]], warmup=bad)
+
+
+def test_old_result_names_are_deprecated_aliases():
+    r = replay([[1, 2, 3], [1, 2, 4]], capacity=3)
+    for old, new in rs.ReplayResult.RENAMED.items():
+        with pytest.warns(DeprecationWarning, match=f"ReplayResult.{old} is deprecated"):
+            assert getattr(r, old) == getattr(r, new)
+    assert r.total_ids == 6 and r.hit_ids == 2 and r.evicted_ids == 1  # 3 makes room for 4
+    with pytest.warns(DeprecationWarning):
+        copy = dataclasses.replace(r, hit_ids=0)
+        copy.hit_tokens = 1
+    assert copy.hit_ids == 1
+    fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    fields["peak_tokens"] = fields.pop("peak_ids")
+    with pytest.warns(DeprecationWarning, match="peak_tokens"):
+        old_style = rs.ReplayResult(**fields)
+    assert old_style.peak_ids == r.peak_ids
+    assert not any(k.endswith("_tokens") and k not in ("prefill_tokens",)
+                   for k in r.summary() if not k.startswith("prefill"))
 
 
 def test_namespaces_are_kept_apart():
@@ -198,11 +263,37 @@ def test_mooncake_unbounded_block_hit_rate(name, expected):
     r = replay(tr)
     assert r.hit_rate == pytest.approx(expected, abs=0.01)
     assert r.requests == len(tr)
-    capped = replay(tr, capacity=r.peak_tokens // 10)
-    assert capped.hit_rate < r.hit_rate and capped.peak_tokens <= r.peak_tokens // 10
+    capped = replay(tr, capacity=r.peak_ids // 10)
+    assert capped.hit_rate < r.hit_rate and capped.peak_ids <= r.peak_ids // 10
 
 
 def test_mooncake_capacity_sweep_matches_the_reference_at_one_point():
     tr = mooncake("conversation_trace.jsonl")
     kw = dict(capacity=20_000, schedule="lpm", window=16)
     same(replay(tr, **kw), replay_reference(tr, **kw))
+
+
+def compiled_signatures():
+    import importlib
+    import pkgutil
+    import radix_soa._kernels as K
+    out = {}
+    for m in pkgutil.iter_modules(K.__path__):
+        mod = importlib.import_module(f"radix_soa._kernels.{m.name}")
+        for name, obj in vars(mod).items():
+            if hasattr(obj, "signatures"):
+                out[(mod.__name__, name)] = len(obj.signatures)
+    return out
+
+
+def test_warmup_replay_leaves_nothing_to_compile_for_a_study():
+    from radix_soa._warmup import warmup_replay
+    from radix_soa.studies.study import generated_trace
+    warmup_replay()
+    before = compiled_signatures()
+    tr, _ = generated_trace("multi_turn", 300, 0)  # a Trace: writable arrays, unlike pack()'s
+    for kw in (dict(), dict(capacity=2000), dict(capacity=2000, host_capacity=3000),
+               dict(capacity=1000, schedule="lpm", window=8), dict(capacity=1000, schedule="dfs")):
+        replay(tr, **kw)
+    after = compiled_signatures()
+    assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}

@@ -2,8 +2,11 @@
 plus checks against the real traces in ../shared/data/traces (skipped when
 that directory is absent)."""
 
+import gzip
+import io
 import json
 import pickle
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from radix_soa.studies.traces import (
     load_kvcache_tester,
     load_mooncake,
     load_token_jsonl,
+    detect_format,
     load_trace,
 )
 
@@ -474,9 +478,104 @@ def test_tokens_empty_and_missing(tmp_path):
 def test_load_trace_unknown_format(tmp_path):
     p = write_lines(tmp_path / "x.jsonl", ["[1]"])
     assert set(FORMATS) == {"mooncake", "kvcache-tester", "tokens"}
-    for bad in ("csv", "Mooncake", "", None):
+    for bad in ("csv", "Mooncake", ""):
         with pytest.raises(ValueError, match="unknown trace format"):
             load_trace(p, bad)
+    assert load_trace(p, None)[0].tolist() == [1]  # None: detected from the content
+
+
+# ----------------------------------------------------------------------------
+# compressed files, standard input, file objects, format detection
+# ----------------------------------------------------------------------------
+
+MC_LINES = [mc(0, 600, 5, (0, 1)), mc(10, 1100, 7, (0, 2, 3))]
+
+
+def compress(kind, data):
+    if kind == "gzip":
+        return gzip.compress(data)
+    zstd = pytest.importorskip("zstandard", reason="the zstandard module is not installed")
+    return zstd.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("kind, suffix", [("gzip", ".gz"), ("zstd", ".zst")])
+def test_compressed_traces_load_like_plain_ones(tmp_path, kind, suffix):
+    plain = write_lines(tmp_path / "conv.jsonl", MC_LINES)
+    packed = tmp_path / f"conv.jsonl{suffix}"
+    packed.write_bytes(compress(kind, plain.read_bytes()))
+    a, b = load_mooncake(plain), load_trace(packed)  # format detected through the compression
+    assert b.name == "conv" and a.flat.tolist() == b.flat.tolist() == [0, 1, 0, 2, 3]
+    assert b.input_tokens.tolist() == [600, 1100]
+    # the content decides, not the name: a gzip file without .gz
+    odd = tmp_path / "odd.jsonl"
+    odd.write_bytes(compress(kind, plain.read_bytes()))
+    assert load_mooncake(odd).flat.tolist() == a.flat.tolist()
+    # a kv-cache-tester directory of compressed files
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / f"a.json{suffix}").write_bytes(compress(kind, json.dumps(
+        kv_doc([kv_req(0.0, [1, 2]), kv_req(1.0, [1, 2, 3])])).encode()))
+    assert load_trace(d).flat.tolist() == [1, 2, 1, 2, 3]
+
+
+def test_zstd_without_zstandard_is_a_clear_error(tmp_path, monkeypatch):
+    p = tmp_path / "t.jsonl.zst"
+    p.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # import fails
+    with pytest.raises(ValueError, match=r"zstd-compressed: reading it needs the 'zstandard'"):
+        load_mooncake(p)
+
+
+def test_corrupt_gzip_names_the_file(tmp_path):
+    p = tmp_path / "bad.jsonl.gz"
+    p.write_bytes(gzip.compress(("\n".join(MC_LINES) + "\n").encode())[:-12])  # truncated
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz: corrupt gzip data"):
+        load_mooncake(p)
+
+
+def test_standard_input_and_file_objects(monkeypatch):
+    data = ("\n".join(MC_LINES) + "\n").encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(data))))
+    t = load_trace("-")  # read once, detected, decompressed
+    assert t.name == "stdin" and t.flat.tolist() == [0, 1, 0, 2, 3]
+    assert load_token_jsonl(io.BytesIO(b"[5, 6]\n[5]\n")).flat.tolist() == [5, 6, 5]
+    with pytest.raises(TypeError, match="binary mode"):
+        load_token_jsonl(io.StringIO("[5, 6]\n"))
+    with pytest.raises(TypeError, match="a trace source must be"):
+        load_token_jsonl(42)
+
+
+def test_formats_are_detected_from_the_content(tmp_path):
+    mooncake = write_lines(tmp_path / "a.txt", MC_LINES)
+    tokens = write_lines(tmp_path / "b.txt", ['{"tokens": [1, 2]}', '{"tokens": [1]}'])
+    lists = write_lines(tmp_path / "c.txt", ["[1, 2]"])
+    kv = tmp_path / "d.txt"
+    kv.write_text(json.dumps(kv_doc([kv_req(0.0, [1, 2])]), indent=2))  # pretty-printed
+    long_line = write_lines(tmp_path / "e.txt", [mc(0, 512 * 40000, 1, range(40000))])
+    assert [detect_format(p) for p in (mooncake, tokens, lists, kv, long_line, tmp_path)] == \
+        ["mooncake", "tokens", "tokens", "kvcache-tester", "mooncake", "kvcache-tester"]
+    for text, seen in [("hello\n", "'hello"), ('{"x": 1}\n', "fields 'x'"), ("", "empty")]:
+        p = tmp_path / "u.txt"
+        p.write_text(text)
+        with pytest.raises(TraceFormatError, match="cannot tell the trace format") as e:
+            load_trace(p)
+        assert seen in str(e.value)
+
+
+def test_a_wrong_format_says_which_it_looks_like(tmp_path):
+    mooncake = write_lines(tmp_path / "conv.jsonl", MC_LINES)
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(mooncake, "kvcache-tester")
+    msg = str(e.value)
+    assert "looks like a mooncake trace, not kvcache-tester" in msg and "Extra data" not in msg
+    kv = tmp_path / "k.json"
+    kv.write_text(json.dumps(kv_doc([kv_req(0.0, [1, 2])])))
+    with pytest.raises(TraceFormatError, match="looks like a kvcache-tester trace, not tokens"):
+        load_trace(kv, "tokens")
+    # a genuinely broken file of the named format keeps its own message
+    bad = write_lines(tmp_path / "bad.jsonl", [MC_LINES[0], mc(5, 600, 5, (1.5, 2))])
+    with pytest.raises(TraceFormatError, match="line 2: hash_ids\\[0\\] = 1.5"):
+        load_trace(bad, "mooncake")
 
 
 # ----------------------------------------------------------------------------

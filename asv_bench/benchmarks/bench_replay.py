@@ -24,7 +24,7 @@ class Replay:
     def setup(self, schedule, host):
         radix_soa.warmup()
         self.trace = _trace()
-        peak = radix_soa.replay(self.trace).peak_tokens
+        peak = radix_soa.replay(self.trace).peak_ids
         self.cap = peak // 8
         self.host = peak // 4 if host else None
         radix_soa.replay(self.trace, capacity=self.cap, schedule=schedule, host_capacity=self.host)
@@ -46,7 +46,7 @@ class Sweep:
     def setup(self, threads):
         radix_soa.warmup()
         self.trace = _trace()
-        peak = radix_soa.replay(self.trace).peak_tokens
+        peak = radix_soa.replay(self.trace).peak_ids
         self.caps = np.linspace(peak / 40, peak, 20).astype(int).tolist()
 
     def time_sweep_20_capacities(self, threads):
@@ -60,7 +60,7 @@ class ReferenceReplay:
 
     def setup(self):
         self.trace = _trace()
-        self.cap = radix_soa.replay(self.trace).peak_tokens // 8
+        self.cap = radix_soa.replay(self.trace).peak_ids // 8
 
     def time_reference_replay_one_capacity(self):
         replay_reference(self.trace, capacity=self.cap)

@@ -36,11 +36,12 @@ def _requests(trace):
 
 
 def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
-                     window=DEFAULT_WINDOW, eviction_policy="lru"):
+                     window=DEFAULT_WINDOW, eviction_policy="lru", warmup=0.0):
     """Replay like ``radix_soa.replay``; returns a ``ReferenceReplay`` with
     the implementation-independent fields of its result (``hits``,
-    ``host_hits``, ``order``, ``rejected`` per request, ``evicted_tokens``,
-    ``peak_tokens``, ``prefill_tokens_saved``, ...)."""
+    ``host_hits``, ``order``, ``rejected`` per request, ``evicted_ids``,
+    ``peak_ids``, ``prefill_tokens_saved``, ...). The first
+    ``floor(warmup * n)`` arrivals are replayed but not scored."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}; got {schedule!r}")
     flat, offsets, ns, inputs, block_size = _requests(trace)
@@ -105,21 +106,26 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
 
     inputs = np.asarray(inputs, dtype=np.int64)
     lengths = np.diff(np.asarray(offsets, dtype=np.int64))
+    scored = [i for i in range(n) if i >= warmup * n // 1]
     out = ReferenceReplay()
     out.requests, out.capacity, out.host_capacity = n, capacity, host_capacity
     out.page_size, out.schedule, out.window = page_size, schedule, window
-    out.block_size = int(block_size)
-    out.total_tokens = int(lengths.sum())
+    out.block_size = bs = int(block_size)
+    out.warmup, out.scored_requests = float(warmup), len(scored)
     out.hits, out.host_hits, out.rejected = hits, host_hits, rejected
-    out.hit_tokens, out.host_hit_tokens = int(hits.sum()), int(host_hits.sum())
-    out.request_hit_rate = float((hits > 0).mean()) if n else 0.0
-    out.prefill_tokens = int(inputs.sum())
-    out.prefill_tokens_saved = int(np.minimum((hits + host_hits) * out.block_size, inputs).sum())
+    out.total_ids = sum(int(lengths[i]) for i in scored)
+    out.hit_ids = sum(int(hits[i]) for i in scored)
+    out.host_hit_ids = sum(int(host_hits[i]) for i in scored)
+    out.request_hit_rate = sum(1 for i in scored if hits[i] > 0) / len(scored) if scored else 0.0
+    out.prefill_tokens = sum(int(inputs[i]) for i in scored)
+    out.prefill_tokens_hit = sum(min(int(hits[i]) * bs, int(inputs[i])) for i in scored)
+    out.prefill_tokens_saved = sum(min(int(hits[i] + host_hits[i]) * bs, int(inputs[i]))
+                                   for i in scored)
     out.order = np.array(order, np.int64)
-    out.evicted_tokens = inserted - dev.total_tokens
-    out.host_evicted_tokens = host_inserted - host.total_tokens if has_host else 0
-    out.peak_tokens = peak
-    out.final_tokens = dev.total_tokens
+    out.evicted_ids = inserted - dev.total_tokens
+    out.host_evicted_ids = host_inserted - host.total_tokens if has_host else 0
+    out.peak_ids = peak
+    out.final_ids = dev.total_tokens
     return out
 
 
@@ -131,7 +137,7 @@ class ReferenceReplay:
 
     def __repr__(self):
         return (f"ReferenceReplay(requests={self.requests}, capacity={self.capacity}, "
-                f"hit_tokens={self.hit_tokens})")
+                f"hit_ids={self.hit_ids})")
 
 
 def _chunk_ends(values, offsets):

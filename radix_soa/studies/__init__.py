@@ -2,7 +2,8 @@
 compiled trace replay and capacity sweeps, scheduling policies, footprint
 comparisons and the capacity study the command line prints.
 
-Modules: ``traces``, ``workloads``, ``replay`` (``replay``, ``sweep``),
-``schedule``, ``footprint``, ``study``. They import the product, never the
+Modules: ``sources`` (files, gzip/zstd, stdin), ``traces``, ``workloads``,
+``replay`` (``replay``, ``sweep``), ``report`` (the sweep table, its legend,
+CSV, capacity units), ``schedule``, ``footprint``, ``study``. They import the product, never the
 other way round.
 """

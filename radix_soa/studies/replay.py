@@ -12,6 +12,7 @@ prefill, evictions and the index's memory, in one compiled call per replay.
 [500, 1000, 2000]
 """
 
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._deprecated import renamed_attributes
 from .._kernels import replay as KR
 from .._storage import TreeStorage, resume
 from .._kernels.layout import M_POLICY
@@ -26,17 +28,42 @@ from .._validate import check_int, check_policy
 from ..batch import as_batches, pack
 from .traces import Trace
 
-__all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES"]
+__all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES", "check_warmup",
+           "scored_from"]
 
 SCHEDULES = {"fcfs": KR.POLICY_FCFS, "lpm": KR.POLICY_LPM, "dfs": KR.POLICY_DFS}
 DEFAULT_WINDOW = 64
 
 
+#: Old ``ReplayResult`` names (they counted ids, called tokens) -> new ones.
+RENAMED = {"total_tokens": "total_ids", "hit_tokens": "hit_ids",
+           "host_hit_tokens": "host_hit_ids", "evicted_tokens": "evicted_ids",
+           "host_evicted_tokens": "host_evicted_ids", "peak_tokens": "peak_ids",
+           "final_tokens": "final_ids"}
+
+
+@renamed_attributes(RENAMED)
 @dataclass
 class ReplayResult:
-    """What a replay measured. Token counts are in the trace's id units
-    (blocks for block-hash traces, tokens for token traces) unless the name
-    says ``prefill``; ``block_size`` converts."""
+    """What a replay measured.
+
+    Units: names ending in ``_ids`` count the trace's ids (one id per block
+    of ``block_size`` tokens: 512-token blocks on Mooncake, tokens on token
+    traces); names ending in ``_tokens`` count real prompt tokens. The old
+    names (``total_tokens``, ``hit_tokens``, ``peak_tokens``, ...) still
+    read the ``_ids`` fields, with a ``DeprecationWarning``.
+
+    Scope: the per-request measures (``total_ids``, ``hit_ids``,
+    ``host_hit_ids``, ``request_hit_rate``, ``prefill_tokens*`` and every
+    rate) count the ``scored_requests`` after the ``warmup`` share of
+    arrivals; the cache measures (``rejected``, ``evicted_ids``,
+    ``peak_ids``, ``final_ids``, index bytes, ``seconds``) cover the whole
+    replay. ``hits``/``host_hits`` hold every request, in arrival order.
+
+    >>> r = replay([[1, 2, 3], [1, 2, 4], [1, 2, 3]], warmup=0.5)
+    >>> r.scored_requests, r.hit_ids, r.total_ids, r.hits.tolist()
+    (2, 5, 6, [0, 2, 3])
+    """
 
     requests: int
     capacity: object
@@ -45,49 +72,94 @@ class ReplayResult:
     schedule: str
     window: int
     block_size: int
-    total_tokens: int
-    hit_tokens: int
-    host_hit_tokens: int
+    total_ids: int
+    hit_ids: int
+    host_hit_ids: int
     request_hit_rate: float
     prefill_tokens: int
     prefill_tokens_saved: int
     rejected: int
-    evicted_tokens: int
-    host_evicted_tokens: int
-    peak_tokens: int
-    final_tokens: int
+    evicted_ids: int
+    host_evicted_ids: int
+    peak_ids: int
+    final_ids: int
     peak_index_bytes: int
     final_index_bytes: int
     seconds: float
     hits: np.ndarray = field(repr=False)
     host_hits: np.ndarray = field(repr=False)
     order: np.ndarray = field(repr=False)
+    prefill_tokens_hit: int = 0
+    warmup: float = 0.0
+    scored_requests: int = None
+
+    def __post_init__(self):
+        if self.scored_requests is None:
+            self.scored_requests = self.requests
 
     @property
     def hit_rate(self):
-        """Device hits / all request tokens (ids)."""
-        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+        """Device hit ids / all ids of the scored requests (a block hit
+        rate on block traces)."""
+        return self.hit_ids / self.total_ids if self.total_ids else 0.0
+
+    @property
+    def token_hit_rate(self):
+        """Prompt tokens served by the device cache / all prompt tokens of
+        the scored requests, a request's hit weighing ``min(hits x
+        block_size, input tokens)`` (kvcache-simulator's definition; equal
+        to ``hit_rate`` on token traces)."""
+        return self.prefill_tokens_hit / self.prefill_tokens if self.prefill_tokens else 0.0
 
     @property
     def host_hit_rate(self):
-        """Tokens loaded back from the host tier / all request tokens."""
-        return self.host_hit_tokens / self.total_tokens if self.total_tokens else 0.0
+        """Ids loaded back from the host tier / all ids of the scored requests."""
+        return self.host_hit_ids / self.total_ids if self.total_ids else 0.0
 
     @property
     def combined_hit_rate(self):
+        """``hit_rate + host_hit_rate``: ids not recomputed."""
         return self.hit_rate + self.host_hit_rate
 
     @property
     def prefill_saved_fraction(self):
+        """Prompt tokens not recomputed (device and host hits) / all prompt
+        tokens of the scored requests."""
         return self.prefill_tokens_saved / self.prefill_tokens if self.prefill_tokens else 0.0
 
     def summary(self):
-        """The scalar results as a dict (per-request arrays left out)."""
+        """The scalar results as a dict (per-request arrays left out), under
+        the current names.
+
+        >>> sorted(k for k in replay([[1, 2], [1, 3]]).summary() if k.endswith("_ids"))[:3]
+        ['evicted_ids', 'final_ids', 'hit_ids']
+        """
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, np.ndarray)}
-        out.update(hit_rate=self.hit_rate, host_hit_rate=self.host_hit_rate,
-                   combined_hit_rate=self.combined_hit_rate,
+        out.update(hit_rate=self.hit_rate, token_hit_rate=self.token_hit_rate,
+                   host_hit_rate=self.host_hit_rate, combined_hit_rate=self.combined_hit_rate,
                    prefill_saved_fraction=self.prefill_saved_fraction)
         return out
+
+
+def check_warmup(warmup):
+    """``warmup`` as a float in [0, 1), or TypeError/ValueError naming it."""
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float, np.integer, np.floating)):
+        raise TypeError(f"warmup must be a number in [0, 1), got {type(warmup).__name__}")
+    w = float(warmup)
+    if not 0.0 <= w < 1.0:  # NaN fails too
+        raise ValueError(f"warmup must be in [0, 1) (the share of requests that only warm "
+                         f"the cache), got {warmup!r}")
+    return w
+
+
+def scored_from(n, warmup):
+    """Index of the first scored request: the first ``floor(warmup * n)``
+    arrivals only warm the cache (kvcache-simulator's rule).
+
+    >>> scored_from(23608, 0.5), scored_from(59937, 0.5), scored_from(5, 0.0)
+    (11804, 29968, 0)
+    """
+    return int(math.floor(warmup * n))
 
 
 def _as_trace(trace):
@@ -106,8 +178,8 @@ def _as_trace(trace):
 
 
 def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
-           window=DEFAULT_WINDOW, eviction_policy="lru"):
-    """Replay ``trace`` against a prefix cache of ``capacity`` tokens.
+           window=DEFAULT_WINDOW, eviction_policy="lru", warmup=0.0):
+    """Replay ``trace`` against a prefix cache of ``capacity`` ids.
 
     ``trace``: a ``radix_soa.studies.traces.Trace`` (its namespaces are kept apart)
     or anything ``radix_soa.pack`` takes (one namespace). ``capacity`` is in
@@ -123,8 +195,13 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
       when it is scheduled; with a host tier, ids beyond that prefix found in
       the host tier count as host hits (loaded back rather than recomputed).
       ``hit_rate`` = device hits / all ids; ``request_hit_rate`` = share of
-      requests with any device hit; ``prefill_tokens_saved`` converts hits to
-      tokens (``hits * block_size``, at most each request's input tokens).
+      requests with any device hit; ``prefill_tokens_hit`` converts device
+      hits to prompt tokens (``min(hits * block_size, input tokens)`` per
+      request; ``token_hit_rate`` is its share of the prompt tokens) and
+      ``prefill_tokens_saved`` does the same with device + host hits.
+    - **scoring**: ``warmup`` (in [0, 1)) is the share of requests, first in
+      arrival order, that are replayed to warm the cache but not scored;
+      ``warmup=0.5`` with ``token_hit_rate`` is kvcache-simulator's score.
     - then the request is inserted; the cache first evicts leaf tails in the
       order of ``eviction_policy`` (``"lru"`` by default; any policy of
       ``PrefixCache``: priorities are all 0 in a replay) to stay within ``capacity`` (never the request's own
@@ -149,14 +226,15 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     page = check_int("page_size", page_size, minimum=1)
     window = check_int("window", window, minimum=1)
     policy = check_policy(eviction_policy)
+    warmup = check_warmup(warmup)
     cap = -1 if capacity is None else check_int("capacity", capacity, minimum=0)
     hcap = -1 if host_capacity is None else check_int("host_capacity", host_capacity, minimum=0)
     has_host = host_capacity is not None
     n = len(tr)
     if n == 0:
         raise ValueError("cannot replay an empty trace")
-    flat = np.ascontiguousarray(tr.flat, dtype=np.int64)
-    offsets = np.ascontiguousarray(tr.offsets, dtype=np.int64)
+    flat = _readonly(tr.flat)
+    offsets = _readonly(tr.offsets)
     lengths = np.diff(offsets)
     max_len = int(lengths.max())
 
@@ -165,7 +243,7 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     dev.meta[M_POLICY] = policy
     host = TreeStorage(np.int64, values=False, track=True, page_size=page)
     roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
-    positions = np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0]
+    positions = _readonly(np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0])
     order = np.arange(n, dtype=np.int64)
     if schedule == "dfs":
         KR.dfs_order(flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window,
@@ -198,21 +276,32 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     index_bytes = _used(dev) + (_used(host) if has_host else 0)
     seconds = time.perf_counter() - t0
 
-    total = int(lengths.sum())
     bs = int(tr.block_size)
-    inputs = np.asarray(tr.input_tokens, dtype=np.int64)
-    saved = np.minimum((hits + host_hits) * bs, inputs)
+    first = scored_from(n, warmup)
+    inputs = np.asarray(tr.input_tokens, dtype=np.int64)[first:]
+    dev_hits, all_hits = hits[first:], hits[first:] + host_hits[first:]
     return ReplayResult(
         requests=n, capacity=capacity, host_capacity=host_capacity, page_size=page,
-        schedule=schedule, window=window, block_size=bs, total_tokens=total,
-        hit_tokens=int(hits.sum()), host_hit_tokens=int(host_hits.sum()),
-        request_hit_rate=float((hits > 0).mean()), prefill_tokens=int(inputs.sum()),
-        prefill_tokens_saved=int(saved.sum()), rejected=int(rejected.sum()),
-        evicted_tokens=int(state[KR.S_INSERTED]) - dev.count("tokens"),
-        host_evicted_tokens=int(state[KR.S_HOST_INSERTED]) - host.count("tokens"),
-        peak_tokens=int(state[KR.S_PEAK]), final_tokens=dev.count("tokens"),
+        schedule=schedule, window=window, block_size=bs, total_ids=int(lengths[first:].sum()),
+        hit_ids=int(dev_hits.sum()), host_hit_ids=int(host_hits[first:].sum()),
+        request_hit_rate=float((dev_hits > 0).mean()), prefill_tokens=int(inputs.sum()),
+        prefill_tokens_saved=int(np.minimum(all_hits * bs, inputs).sum()),
+        rejected=int(rejected.sum()),
+        evicted_ids=int(state[KR.S_INSERTED]) - dev.count("tokens"),
+        host_evicted_ids=int(state[KR.S_HOST_INSERTED]) - host.count("tokens"),
+        peak_ids=int(state[KR.S_PEAK]), final_ids=dev.count("tokens"),
         peak_index_bytes=peak_bytes[0], final_index_bytes=index_bytes,
-        seconds=seconds, hits=hits, host_hits=host_hits, order=order)
+        seconds=seconds, hits=hits, host_hits=host_hits, order=order,
+        prefill_tokens_hit=int(np.minimum(dev_hits * bs, inputs).sum()), warmup=warmup,
+        scored_requests=n - first)
+
+
+def _readonly(a):
+    """A read-only int64 view: the kernel sees one array type whatever the
+    input's flags, so one compiled replay serves every input."""
+    v = np.ascontiguousarray(a, dtype=np.int64).view()
+    v.flags.writeable = False
+    return v
 
 
 def _roots(store, namespace):
@@ -233,8 +322,8 @@ class SweepResult:
 
     results: list
 
-    COLUMNS = ("capacity", "hit_rate", "host_hit_rate", "request_hit_rate",
-               "prefill_saved_fraction", "evicted_tokens", "rejected", "peak_index_bytes",
+    COLUMNS = ("capacity", "hit_rate", "token_hit_rate", "host_hit_rate", "request_hit_rate",
+               "prefill_saved_fraction", "evicted_ids", "rejected", "peak_index_bytes",
                "seconds")
 
     @property
@@ -250,18 +339,18 @@ class SweepResult:
         rows = self.rows
         return {c: [row[c] for row in rows] for c in self.COLUMNS}
 
+    def table(self, capacity_unit="ids", kv_bytes_per_token=None, legend=True):
+        """The table with units and legend (``radix_soa.studies.report.table``)."""
+        from .report import table
+        return table(self.results, capacity_unit, kv_bytes_per_token, legend)
+
+    def to_csv(self, capacity_unit="ids", kv_bytes_per_token=None):
+        """Every number, one row per capacity (``radix_soa.studies.report.to_csv``)."""
+        from .report import to_csv
+        return to_csv(self.results, capacity_unit, kv_bytes_per_token)
+
     def __str__(self):
-        head = ["capacity", "hit rate", "host hits", "req. hit", "prefill saved", "evicted",
-                "rejected", "index bytes", "ms"]
-        lines = ["  ".join(f"{h:>13}" for h in head)]
-        for r in self.rows:
-            cap = "unbounded" if r["capacity"] is None else f"{r['capacity']:,}"
-            cells = [cap, f"{r['hit_rate']:.4f}", f"{r['host_hit_rate']:.4f}",
-                     f"{r['request_hit_rate']:.4f}", f"{r['prefill_saved_fraction']:.4f}",
-                     f"{r['evicted_tokens']:,}", f"{r['rejected']:,}",
-                     f"{r['peak_index_bytes']:,}", f"{r['seconds'] * 1e3:.1f}"]
-            lines.append("  ".join(f"{c:>13}" for c in cells))
-        return "\n".join(lines)
+        return self.table()
 
 
 def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):

@@ -146,7 +146,7 @@ def capacity_study(trace, capacities=None, points=DEFAULT_POINTS, progress=None,
     n_caps = len(capacities) if capacities else points
     unbounded = replay(trace, **replay_args)
     report(1, 1 + n_caps)
-    footprint = unbounded.peak_tokens
+    footprint = unbounded.peak_ids
     caps = list(capacities) if capacities else default_capacities(footprint, points)
     report(1, 1 + len(caps))
     result = sweep(trace, caps, progress=lambda k: report(1 + k, 1 + len(caps)), **replay_args)

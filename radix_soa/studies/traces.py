@@ -8,7 +8,10 @@ Three input formats are supported, each returning a :class:`Trace`:
   (one JSON conversation per file; ids of 64-token blocks, local to a file).
 * :func:`load_token_jsonl` -- plain token-id sequences, one per line.
 
-:func:`load_trace` dispatches on a format name.
+:func:`load_trace` dispatches on a format name, or detects it from the
+content (:func:`detect_format`). Every loader reads a path, ``"-"`` for
+standard input or a binary file object, and gzip or zstd content (told by its
+first bytes; zstd needs the ``zstandard`` module).
 
 All loaders validate strictly: a malformed line or request raises
 :class:`TraceFormatError` naming the file and the 1-based line number (JSONL)
@@ -49,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from ..batch import Batch
+from .sources import COMPRESSED_SUFFIXES, Source, SourceError, as_source
 
 __all__ = [
     "TraceFormatError",
@@ -57,6 +61,9 @@ __all__ = [
     "load_kvcache_tester",
     "load_token_jsonl",
     "load_trace",
+    "detect_format",
+    "Source",
+    "SourceError",
     "MOONCAKE_BLOCK_SIZE",
     "FORMATS",
 ]
@@ -337,17 +344,11 @@ def _check_ids(ids, field):
     return None
 
 
-def _open_checked(path):
-    path = Path(os.fspath(path))
-    if not path.exists():
-        raise FileNotFoundError(f"trace file not found: {path}")
-    return path
-
-
-def _iter_jsonl(path):
-    """Yield ``(lineno, obj)`` for each line of a JSONL file; raise on bad or blank lines."""
+def _iter_jsonl(src):
+    """Yield ``(lineno, obj)`` for each line of a JSONL source; raise on bad or blank lines."""
     any_line = False
-    with open(path, "rb") as f:
+    path = src.name
+    with src.open() as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 raise TraceFormatError(path, "blank line (every line must hold one request)",
@@ -394,10 +395,11 @@ def load_mooncake(path):
     ('tiny', 2, [0, 2, 3], [0.0, 1.5], 512)
     >>> tmp.cleanup()
     """
-    path = _open_checked(path)
+    src = as_source(path)
+    path = src.name
     ids_lists, ts, inp, out = [], [], [], []
     prev_ts = 0
-    for lineno, obj in _iter_jsonl(path):
+    for lineno, obj in _iter_jsonl(src):
         def fail(reason):
             return TraceFormatError(path, reason, line=lineno)
 
@@ -435,7 +437,7 @@ def load_mooncake(path):
     lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
     n = len(ids_lists)
     return Trace(
-        name=path.stem,
+        name=src.stem,
         flat=_flatten(ids_lists, int(lengths.sum())),
         offsets=_offsets(lengths),
         timestamps=np.asarray(ts, dtype=np.float64) / 1000.0,
@@ -454,17 +456,25 @@ _KV_REQUEST_TYPES = ("n", "s")
 _KV_SUBAGENT = "subagent"
 
 
+_KV_SUFFIXES = (".json",) + tuple(".json" + c for c in COMPRESSED_SUFFIXES)
+
+
 def _kv_files(paths):
-    """Resolve ``paths`` (file, directory, or iterable of files) to a file list."""
-    if isinstance(paths, (str, os.PathLike)):
-        p = Path(os.fspath(paths))
-        if p.is_dir():
-            files = sorted(q for q in p.iterdir() if q.suffix == ".json" and q.is_file())
+    """Resolve ``paths`` (a file, ``"-"``, a directory, or an iterable of
+    files) to a name and a list of ``Source``."""
+    if isinstance(paths, (str, os.PathLike, Source)) or hasattr(paths, "read"):
+        p = Path(os.fspath(paths)) if isinstance(paths, (str, os.PathLike)) else \
+            getattr(paths, "path", None)
+        if p is not None and p.is_dir():
+            files = sorted(q for q in p.iterdir()
+                           if q.name.endswith(_KV_SUFFIXES) and q.is_file())
             if not files:
-                raise TraceFormatError(p, "directory holds no *.json trace files")
-            return p.name, files
-        return p.stem, [_open_checked(p)]
-    files = [_open_checked(q) for q in paths]
+                raise TraceFormatError(p, "directory holds no *.json (or .json.gz, .json.zst) "
+                                          "trace files")
+            return p.name, [Source(q) for q in files]
+        src = as_source(paths)
+        return src.stem, [src]
+    files = [Source(q) for q in paths]
     if not files:
         raise ValueError("load_kvcache_tester: empty list of files")
     return "+".join(f.stem for f in files), files
@@ -524,8 +534,9 @@ def _kv_walk(path, reqs, where, base_t, out):
         out.append((base_t + t, ids, n_in, n_out))
 
 
-def _kv_load_file(path):
-    raw = path.read_bytes()
+def _kv_load_file(src):
+    raw = src.read()
+    path = src.name
     if not raw.strip():
         raise TraceFormatError(path, "empty file")
     try:
@@ -627,7 +638,8 @@ def load_kvcache_tester(paths):
         if block_size is None:
             block_size = bs
         elif bs != block_size:
-            raise TraceFormatError(f, f"block_size {bs} differs from {block_size} in {files[0]}")
+            raise TraceFormatError(f.name, f"block_size {bs} differs from {block_size} in "
+                                           f"{files[0].name}")
         for abs_t, ids, n_in, n_out in leaves:
             times.append(abs_t)
             ids_lists.append(ids)
@@ -683,11 +695,12 @@ def load_token_jsonl(path):
     ([5, 6, 7], [0.5, 1.25], [2, 0], 1)
     >>> tmp.cleanup()
     """
-    path = _open_checked(path)
+    src = as_source(path)
+    path = src.name
     ids_lists, ts, out = [], [], []
     has_ts = None  # decided by the first line
     prev_t = None
-    for lineno, obj in _iter_jsonl(path):
+    for lineno, obj in _iter_jsonl(src):
         def fail(reason):
             return TraceFormatError(path, reason, line=lineno)
 
@@ -734,7 +747,7 @@ def load_token_jsonl(path):
     lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
     n = len(ids_lists)
     return Trace(
-        name=path.stem,
+        name=src.stem,
         flat=_flatten(ids_lists, int(lengths.sum())),
         offsets=_offsets(lengths),
         timestamps=np.asarray(ts, dtype=np.float64),
@@ -756,18 +769,115 @@ _LOADERS = {
 }
 
 
-def load_trace(path, format):
-    """Load ``path`` with the loader for ``format``: ``"mooncake"``,
-    ``"kvcache-tester"`` or ``"tokens"``.
+def _top_level_keys(text, limit=64):
+    """The keys of the first JSON object in ``text`` (which may be cut
+    short), in order: a scan that follows strings and nesting only.
+
+    >>> _top_level_keys('{"a": 1, "b": {"c": [2]}, "d": "x}", "e": [')
+    ['a', 'b', 'd', 'e']
+    """
+    keys, depth, i, n = [], 0, 0, len(text)
+    while i < n and len(keys) < limit:
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if depth == 1:
+                k = j + 1
+                while k < n and text[k] in " \t\r\n":
+                    k += 1
+                if k < n and text[k] == ":":
+                    keys.append(text[i + 1:j])
+            i = j + 1
+            continue
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                break
+        i += 1
+    return keys
+
+
+def _sniff(src):
+    """``(format or None, what the content starts with)``."""
+    if src.path is not None and src.path.is_dir():
+        return "kvcache-tester", "a directory"
+    head = src.head().decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if not head:
+        return None, "nothing (an empty file)"
+    if head[0] == "[":
+        return "tokens", "a JSON list on the first line"
+    if head[0] != "{":
+        return None, f"{head[:12]!r}, not a JSON object or list"
+    keys = _top_level_keys(head)
+    shown = "the first record's fields " + ", ".join(map(repr, keys[:6])) if keys else \
+        "a JSON object without fields"
+    if "requests" in keys or "block_size" in keys:
+        return "kvcache-tester", shown
+    if "hash_ids" in keys or "input_length" in keys:
+        return "mooncake", shown
+    if "tokens" in keys:
+        return "tokens", shown
+    return None, shown
+
+
+def detect_format(path):
+    """The format of the trace at ``path`` ("-" for standard input), told
+    from its content: a directory or a JSON object with ``requests`` /
+    ``block_size`` is kv-cache-tester, lines with ``hash_ids`` /
+    ``input_length`` are Mooncake, lines that are lists or have ``tokens``
+    are token JSONL. Raises ``TraceFormatError`` when it cannot tell.
+
+    >>> import io
+    >>> detect_format(io.BytesIO(b'{"timestamp": 0, "input_length": 3, "hash_ids": [1]}\\n'))
+    'mooncake'
+    >>> detect_format(io.BytesIO(b'[1, 2, 3]\\n'))
+    'tokens'
+    """
+    src = as_source(path)
+    fmt, seen = _sniff(src)
+    if fmt is None:
+        raise TraceFormatError(src.name, f"cannot tell the trace format: it starts with {seen}; "
+                                         f"name the format ({', '.join(FORMATS)})")
+    return fmt
+
+
+def load_trace(path, format=None):
+    """Load ``path`` (a file, a kv-cache-tester directory, ``"-"`` for
+    standard input, or a binary file object; gzip and zstd content is
+    decompressed) with the loader for ``format``: ``"mooncake"``,
+    ``"kvcache-tester"`` or ``"tokens"``, or ``None`` to detect it
+    (``detect_format``). When a named format fails on content that looks
+    like another, the error says which.
 
     >>> load_trace("unused.jsonl", "csv")
     Traceback (most recent call last):
     ...
     ValueError: unknown trace format 'csv'; expected one of mooncake, kvcache-tester, tokens
     """
+    if format is not None:
+        try:
+            loader = _LOADERS[format]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown trace format {format!r}; expected one of "
+                             f"{', '.join(FORMATS)}") from None
+    src = path if isinstance(path, (list, tuple)) else as_source(path)
+    if format is None:
+        return _LOADERS[detect_format(src)](src)
     try:
-        loader = _LOADERS[format]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown trace format {format!r}; expected one of "
-                         f"{', '.join(FORMATS)}") from None
-    return loader(path)
+        return loader(src)
+    except TraceFormatError as e:
+        if isinstance(src, (list, tuple)):
+            raise
+        try:
+            seen, why = _sniff(src)
+        except (OSError, ValueError):
+            raise e from None
+        if seen is None or seen == format:
+            raise
+        raise TraceFormatError(src.name, f"this looks like a {seen} trace, not {format} "
+                                         f"({why}); load it as {seen!r}, or leave the format "
+                                         f"out to detect it") from None
