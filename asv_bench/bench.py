@@ -1,10 +1,16 @@
 """Headline ratios, measured side by side in one run.
 
-    python asv_bench/bench.py            # every section
-    python asv_bench/bench.py core       # one section
+    python asv_bench/bench.py                 # every section (about 7 minutes)
+    python asv_bench/bench.py core replay     # some sections
+    python asv_bench/bench.py --quick         # every section on about 1/10 of the data, 1 repeat
 
 Each line compares radix_soa with its named baseline on the same data in the
-same process; ratios > 1 mean radix_soa is faster (or smaller).
+same process; ratios > 1 mean radix_soa is faster (or smaller). Progress
+(each section as it starts, the long steps inside it, the time each took)
+goes to stderr, the results to stdout. ``--quick`` answers "does it run, and
+roughly" in about a minute; its ratios are noisier than a full run's, and
+those of the per-call sections are smaller, since fixed costs weigh more on
+small data.
 """
 
 import argparse
@@ -19,6 +25,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmarks import common  # noqa: E402
 
 import radix_soa  # noqa: E402
+
+
+#: Set by ``--quick``: every workload is cut to about 1/10 (see ``size``).
+QUICK = False
+_T0 = time.perf_counter()
+
+
+def progress(msg):
+    """One line to stderr, with the seconds since the run started."""
+    print(f"[bench {time.perf_counter() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def size(full, quick):
+    return quick if QUICK else full
+
+
+def sequences(name):
+    """``common.sequences(name)``, cut to its first tenth under ``--quick``."""
+    seqs = common.sequences(name)
+    return seqs[:max(1, len(seqs) // 10)] if QUICK else seqs
+
+
+def inputs(name, kind):
+    seqs = sequences(name)
+    return seqs if kind == "numpy" else tuple(s.tolist() for s in seqs)
+
+
+def near_misses(name):
+    return common.near_misses(name)[:len(sequences(name))]
+
+
+def head(trace, n):
+    """The first ``n`` requests of ``trace`` (all of it when shorter)."""
+    if len(trace) <= n:
+        return trace
+    return radix_soa.traces.Trace.from_sequences(
+        [trace[i] for i in range(n)], name=f"{trace.name} (first {n:,} requests)",
+        timestamps=trace.timestamps[:n], input_tokens=trace.input_tokens[:n],
+        output_tokens=trace.output_tokens[:n], namespace=trace.namespace[:n],
+        block_size=trace.block_size)
 
 
 def best_of(fn, repeat=3, setup=None):
@@ -40,11 +86,12 @@ def line(what, ours, base, base_name):
 def section_core(repeat):
     radix_soa.warmup()
     for wl in common.WORKLOADS:
-        seqs = common.sequences(wl)
+        seqs = sequences(wl)
         ntok = sum(len(s) for s in seqs)
+        progress(f"core: workload {wl}")
         print(f"\n[core] workload {wl}: {len(seqs):,} sequences, {ntok:,} tokens")
         for kind in ("numpy", "list"):
-            data = common.inputs(wl, kind)
+            data = inputs(wl, kind)
 
             def insert_all(tree, data=data):
                 for s in data:
@@ -58,7 +105,7 @@ def section_core(repeat):
             ours = best_of(lambda: [rc.exists(s) for s in data], repeat)
             base = best_of(lambda: [ref.exists(s) for s in data], repeat)
             line(f"exists, one at a time ({kind} input)", ours, base, "reference")
-            misses = common.near_misses(wl)
+            misses = near_misses(wl)
             if kind == "list":
                 misses = [m.tolist() for m in misses]
             ours = best_of(lambda: [rc.match_prefix(s) for s in misses], repeat)
@@ -98,7 +145,8 @@ def section_batch(repeat):
         pa = None
     threads = numba.get_num_threads()
     for wl in ("shared_prefix", "multi_turn", "long_shared_prefix"):
-        seqs = common.sequences(wl)
+        seqs = sequences(wl)
+        progress(f"batch: workload {wl}")
         batch = radix_soa.pack(seqs)
         print(f"\n[batch] workload {wl}: {len(batch):,} sequences, {batch.num_tokens:,} tokens")
         ref = common.build("reference", seqs)
@@ -127,7 +175,7 @@ def section_batch(repeat):
 
         base = best_of(ref_insert, max(1, repeat - 1), setup=lambda: common.make("reference"))
         line("insert_batch into an empty tree (numpy seqs)", ours, base, "reference loop")
-        lists = common.as_lists(wl)
+        lists = inputs(wl, "list")
         base = best_of(lambda tree: [tree.insert(s) for s in lists],
                        max(1, repeat - 1), setup=lambda: common.make("reference"))
         line("insert_batch into an empty tree (list seqs)", ours, base, "reference loop")
@@ -139,7 +187,7 @@ def section_batch(repeat):
                 print(f"  {name}: Arrow ListArray {t_arrow * 1e3:.2f} ms vs CSR {t_csr * 1e3:.2f} ms "
                       f"= {t_arrow / t_csr:.3f}x")
     print(f"\n[batch] parallel=None threshold check (serial vs {threads} threads, chat sequences):")
-    seqs = common.sequences("shared_prefix")
+    seqs = sequences("shared_prefix")
     rc = radix_soa.RadixCache()
     rc.insert_batch(seqs)
     for n in (1, 4, 16, 64, 256, 1024):
@@ -235,8 +283,8 @@ def section_memory(repeat):
     import tracemalloc
 
     radix_soa.warmup()
-    seqs = common.sequences("shared_prefix")
-    print("\n[memory] shared_prefix workload (20,000 sequences)")
+    seqs = sequences("shared_prefix")
+    print(f"\n[memory] shared_prefix workload ({len(seqs):,} sequences)")
     for dtype, width in (("int64", 8), ("int32", 4)):
         rc = radix_soa.RadixCache(dtype=dtype)
         rc.insert_batch(seqs)
@@ -255,8 +303,10 @@ def section_memory(repeat):
     print(f"  pure-Python object radix tree: {ref_bytes:,} bytes (tracemalloc) = "
           f"{ref_bytes / ours:.1f}x the int64 tree's used bytes")
 
-    print("\n[memory] load(mmap=True) of a tree with ~10^7 stored tokens")
-    big = radix_soa.workloads.shared_prefix(n_sequences=25_000, tail_len=(300, 500), seed=3)
+    n_big = size(25_000, 2_500)
+    progress(f"memory: load(mmap=True) of a tree of {n_big:,} sequences")
+    print(f"\n[memory] load(mmap=True) of a tree with ~{n_big * 400:,} stored tokens")
+    big = radix_soa.workloads.shared_prefix(n_sequences=n_big, tail_len=(300, 500), seed=3)
     batch = radix_soa.pack(big)
     rc = radix_soa.RadixCache()
     rc.insert_batch(batch)
@@ -286,6 +336,8 @@ def section_replay(repeat):
     if trace is None:
         print("\n[replay] the Mooncake traces are not present; using the generated multi_turn workload")
         trace = radix_soa.workloads.as_trace(common.sequences("multi_turn"), "multi_turn")
+    if QUICK:
+        trace = head(trace, 1_000)
     full = radix_soa.replay(trace)
     caps = np.linspace(full.peak_ids / 40, full.peak_ids, 20).astype(int).tolist()
     print(f"\n[replay] {trace.name}: {len(trace):,} requests, {trace.num_blocks:,} ids; unbounded "
@@ -296,11 +348,13 @@ def section_replay(repeat):
     for threads in (1, 2):
         t = best_of(lambda: radix_soa.sweep(trace, caps, threads=threads), repeat)
         print(f"  20-point sweep, {threads} thread(s): {t * 1e3:.0f} ms")
-    # the pure-Python replay takes ~20 s per capacity here: compare on 4 of them
-    few = caps[::5]
+    # the pure-Python replay takes ~80 s per capacity on the Mooncake trace:
+    # compare on 4 of them (1 under --quick)
+    few = caps[5:6] if QUICK else caps[::5]
     ours = best_of(lambda: radix_soa.sweep(trace, few, threads=1), repeat)
     t0 = time.perf_counter()
-    for c in few:
+    for i, c in enumerate(few):
+        progress(f"replay: pure-Python replay {i + 1} of {len(few)} (capacity {c:,})")
         replay_reference(trace, capacity=c)
     base = time.perf_counter() - t0
     line(f"sweep of {len(few)} capacities (1 thread)", ours, base, "pure-Python replay")
@@ -317,7 +371,8 @@ def section_threads(repeat):
     import threading
 
     rng = np.random.default_rng(0)
-    seqs = [rng.integers(0, 50_000, size=int(k)) for k in rng.integers(20, 100, size=200_000)]
+    seqs = [rng.integers(0, 50_000, size=int(k))
+            for k in rng.integers(20, 100, size=size(200_000, 20_000))]
     rc = radix_soa.RadixCache()
     rc.insert_batch(seqs)
     batch = radix_soa.pack(seqs)
@@ -379,7 +434,7 @@ def section_serving(repeat):
     """Requests per second of the toy serving loop, and insert_batch
     against a loop of insert."""
     radix_soa.warmup()
-    requests = common.sequences("multi_turn")
+    requests = sequences("multi_turn")
     tokens = sum(len(q) for q in requests)
     print(f"\n[serving] multi_turn: {len(requests):,} requests, {tokens:,} tokens")
     for pool_size in (tokens // 4, 2 * tokens):
@@ -401,15 +456,17 @@ def section_serving(repeat):
     line("PrefixCache.insert_batch (multi_turn build)", ours, base, "loop of insert")
     # short requests, where the per-call cost is what a loop pays for
     rng = np.random.default_rng(0)
+    n_short = size(100_000, 10_000)
     heads = [rng.integers(0, 32_000, size=int(k)) for k in rng.integers(20, 60, size=1000)]
     requests = [np.concatenate([heads[int(h)], rng.integers(0, 32_000, size=int(k))])
-                for h, k in zip(rng.integers(0, 1000, size=100_000),
-                                rng.integers(1, 40, size=100_000))]
+                for h, k in zip(rng.integers(0, 1000, size=n_short),
+                                rng.integers(1, 40, size=n_short))]
     vals = [np.arange(len(q), dtype=np.int64) for q in requests]
     batch, vbatch = radix_soa.pack(requests), radix_soa.pack(vals)
     ours = best_of(lambda: radix_soa.PrefixCache().insert_batch(batch, values=vbatch), repeat)
     base = best_of(loop, repeat)
-    line("PrefixCache.insert_batch (100k short requests)", ours, base, "loop of insert")
+    line(f"PrefixCache.insert_batch ({n_short // 1000}k short requests)", ours, base,
+         "loop of insert")
 
 
 def _interleaved(calls, repeat):
@@ -544,15 +601,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="*",
                         help=f"sections to run, of {', '.join(SECTIONS)} (default: all)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="best of how many runs (default 3; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="about 1/10 of every workload and 1 repeat: a run of about a minute")
     args = parser.parse_args()
+    global QUICK
+    QUICK = args.quick
+    repeat = args.repeat if args.repeat is not None else (1 if QUICK else 3)
+    if repeat < 1:
+        parser.error(f"--repeat must be >= 1; got {repeat}")
     unknown = [s for s in args.sections if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
     print(f"radix_soa {radix_soa.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, "
           f"{os.cpu_count()} cpus")
-    for name in args.sections or list(SECTIONS):
-        SECTIONS[name](args.repeat)
+    names = args.sections or list(SECTIONS)
+    for i, name in enumerate(names):
+        progress(f"section {name} ({i + 1} of {len(names)}){' --quick' if QUICK else ''}")
+        t0 = time.perf_counter()
+        SECTIONS[name](repeat)
+        sys.stdout.flush()
+        progress(f"section {name} done in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -395,6 +395,46 @@ def test_registry_and_generate():
             assert known in str(e.value)
 
 
+def test_generate_n_is_each_generators_size():
+    assert W.SIZE_ARGUMENTS.keys() == W.GENERATORS.keys()
+    small = {"chat": dict(prompt_len=4, tail_len=(1, 3)),
+             "few_shot": dict(system_len=4),
+             "multi_turn": dict(turns=(1, 3), system_len=4, turn_len=(1, 3), return_meta=True),
+             "agent": {**{k: v for k, v in AGENT.items() if k != "n_sessions"},
+                       "return_meta": True},
+             "long_prefix": dict(max_len=50, tail_len=(1, 5))}
+    # how many units of size each workload holds
+    units = {"chat": len, "few_shot": len, "long_prefix": len,
+             "multi_turn": lambda out: len(set(out[1]["conversation"].tolist())),
+             "agent": lambda out: len(set(out[1]["session"].tolist()))}
+
+    def seqs(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    for name, size in W.SIZE_ARGUMENTS.items():
+        kw = dict(small[name], seed=4)
+        direct = W.GENERATORS[name](**{size: 6}, **kw)
+        by_n = W.generate(name, n=6, **kw)
+        by_own_name = W.generate(name, **{size: 6}, **kw)
+        assert digest(seqs(by_n)) == digest(seqs(direct)) == digest(seqs(by_own_name)), name
+        assert units[name](by_n) == 6, name
+
+
+def test_generate_refuses_unknown_and_doubled_size_arguments():
+    with pytest.raises(TypeError, match="'n_sessions'.*n= \\(or n_conversations=\\)"):
+        W.generate("multi_turn", n_sessions=150)
+    with pytest.raises(TypeError, match="'n_requests'"):
+        W.generate("chat", n_requests=3)
+    with pytest.raises(TypeError, match="both n and n_sequences"):
+        W.generate("chat", n=3, n_sequences=3)
+    with pytest.raises(TypeError, match="n must be an int"):
+        W.generate("chat", n=2.0)
+    with pytest.raises(TypeError, match="n must be an int"):
+        W.generate("chat", n=True)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        W.generate("agent", n=-1)
+
+
 # ----------------------------------------------------------------------------
 # parameter validation
 # ----------------------------------------------------------------------------

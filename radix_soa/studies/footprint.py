@@ -23,8 +23,9 @@ array up to its high-water mark and every hash table whole (its empty slots
 are what keep probes short); ``allocated_bytes`` adds the growth slack. All
 three array structures grow tables by the same rule (load at most 0.7,
 doubled when full). Python rows are the bytes ``tracemalloc`` still sees
-allocated once the structure is built (every tuple, int, node and dict it
-holds; small ints below 257 are cached by CPython and cost nothing). Their
+allocated by the build's own code once the structure is built (every tuple,
+int, node and dict it holds; small ints below 257 are cached by CPython and
+cost nothing; what other threads allocate meanwhile is not counted). Their
 build time is taken on a separate, untraced build, since tracing every
 allocation makes a build 10-20x slower; that traced build is also what
 dominates the running time of ``compare_footprint`` (a few microseconds per
@@ -37,12 +38,14 @@ handed in.
 """
 
 import gc
+import glob
 import time
 import tracemalloc
 
 import numpy as np
 
 from .._storage import token_dtype
+from ..baselines import reference as reference_module
 from ..baselines.arrays import SequenceHashSet, TokenTrie
 from ..baselines.reference import ReferenceRadixTree
 from ..batch import pack
@@ -299,13 +302,28 @@ def _traced(build, batch, count, nodes):
     if started:
         tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
+        before = _held_by_builders()
         obj = build(batch)
         gc.collect()
-        nbytes = tracemalloc.get_traced_memory()[0] - before
+        nbytes = _held_by_builders() - before
     finally:
         if started:
             tracemalloc.stop()
     n = count(obj)
     n_nodes = None if nodes is None else nodes(obj)
     return nbytes, n, n_nodes
+
+
+# Every allocation a build makes happens in the builders' own code (this
+# module and the reference tree's), C calls included: tracemalloc files an
+# allocation under the innermost Python frame. Counting only those files'
+# traces keeps out what other threads allocate or free meanwhile, and frees of
+# unrelated objects traced before the build (a global before/after total
+# counted both, which made the rows vary by a few percent in a busy process).
+_BUILDER_FILES = tuple(glob.escape(f) for f in (__file__, reference_module.__file__))
+
+
+def _held_by_builders():
+    snap = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, f) for f in _BUILDER_FILES])
+    return sum(stat.size for stat in snap.statistics("filename"))

@@ -48,11 +48,13 @@ All ranges ``(low, high)`` are inclusive.
 (5, True)
 """
 
+import inspect
 import math
 from numbers import Integral, Real
 
 import numpy as np
 
+from .._validate import check_int
 from .traces import (Trace, TraceFormatError, load_kvcache_tester, load_mooncake,  # noqa: F401
                      load_token_jsonl, load_trace)
 
@@ -71,6 +73,7 @@ __all__ = [
     "agent_loops",
     "as_trace",
     "GENERATORS",
+    "SIZE_ARGUMENTS",
     "generate",
 ]
 
@@ -616,11 +619,37 @@ GENERATORS = {
 }
 
 
-def generate(name, **kwargs):
+#: Each generator's own name for its size (sequences, requests,
+#: conversations or sessions), which :func:`generate` takes as ``n``.
+SIZE_ARGUMENTS = {
+    "chat": "n_sequences",
+    "few_shot": "n_requests",
+    "multi_turn": "n_conversations",
+    "agent": "n_sessions",
+    "long_prefix": "n_sequences",
+}
+
+
+def generate(name, n=None, **kwargs):
     """Call the generator registered under ``name`` in :data:`GENERATORS`.
 
+    ``n`` is the workload's size in the generator's own unit (sequences for
+    ``chat`` and ``long_prefix``, requests for ``few_shot``, conversations
+    for ``multi_turn``, sessions for ``agent``: :data:`SIZE_ARGUMENTS`); the
+    generator's own name for it works too, but not both at once. Other
+    keyword arguments go to the generator; one it does not take is a
+    ``TypeError`` naming it.
+
+    >>> len(generate("chat", n=3, prompt_len=4))
+    3
     >>> len(generate("chat", n_sequences=3, prompt_len=4))
     3
+    >>> len(generate("multi_turn", n=2, turns=(1, 1), system_len=4, turn_len=(1, 2)))
+    2
+    >>> generate("multi_turn", n_sessions=150)
+    Traceback (most recent call last):
+    ...
+    TypeError: generate('multi_turn') got an unexpected keyword argument 'n_sessions'; its size is n= (or n_conversations=)
     >>> generate("rag")
     Traceback (most recent call last):
     ...
@@ -631,4 +660,14 @@ def generate(name, **kwargs):
     except (KeyError, TypeError):
         raise ValueError(f"unknown workload {name!r}; expected one of "
                          f"{', '.join(GENERATORS)}") from None
+    size = SIZE_ARGUMENTS[name]
+    known = inspect.signature(gen).parameters
+    for key in kwargs:
+        if key not in known:
+            raise TypeError(f"generate({name!r}) got an unexpected keyword argument {key!r}; "
+                            f"its size is n= (or {size}=)")
+    if n is not None:
+        if size in kwargs:
+            raise TypeError(f"generate({name!r}) got both n and {size}; give one")
+        kwargs[size] = check_int("n", n, minimum=0)
     return gen(**kwargs)
