@@ -16,7 +16,7 @@ import numpy as np
 
 from ._kernels import lifecycle as KL
 from ._kernels import prefix as KP
-from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, ROOM, LOCK_LIMIT, M_INFLIGHT,
+from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, ROOM, LOCK_LIMIT, M_INFLIGHT,
                               M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
                               R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
                               R_LAST_N, R_LAST_NODE, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
@@ -47,13 +47,15 @@ class Request:
     and take its result from ``result``.
     """
 
-    __slots__ = ("_st", "owner", "epoch", "namespace", "_out", "_evict_out", "_inputs")
+    __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
+                 "_inputs")
 
-    def __init__(self, owner, namespace, out, evict_out):
+    def __init__(self, owner, namespace, out, evict_out, priority=0):
         self._st = np.zeros(REQUEST_SIZE, np.int64)
         self.owner = owner  # the cache, and its reset count at begin
         self.epoch = owner._epoch
         self.namespace = namespace
+        self.priority = priority     # of its inserts (eviction_policy="priority")
         self._out = out              # the values begin matched
         self._evict_out = evict_out  # the values begin evicted
         self._inputs = {}            # step -> (values, evicted out) of a checkpoint/finish
@@ -61,7 +63,7 @@ class Request:
     @property
     def open(self):
         """True between ``begin`` and ``finish``/``abort`` (and no ``reset``)."""
-        return int(self._st[R_PHASE]) == OPEN and self.owner._epoch == self.epoch
+        return int(self._st[R_PHASE]) == OPEN and self.owner._epoch is self.epoch
 
     @property
     def node(self):
@@ -105,6 +107,8 @@ class Request:
         if inputs is None:
             return None
         vals, out = inputs
+        if vals is None:  # an abort
+            return None
         has_values = self.owner._s.has_values
         cached, n, freed = st[R_LAST_CACHED], st[R_LAST_N], st[R_LAST_FREED]
         dup = vals[st[R_LAST_FROM]:cached] if has_values else None
@@ -196,7 +200,7 @@ class ServingMixin:
     # ------------------------------------------------------------ lifecycle
     # Each transition is one kernel call (``_kernels/lifecycle``) that changes
     # the tree, the in-flight count and the request's state together.
-    def begin(self, tokens, namespace=None, reserve=None):
+    def begin(self, tokens, namespace=None, reserve=None, priority=0):
         """A request arrives: match ``tokens`` and lock the cached prefix.
 
         With ``count_inflight=True`` the request also reserves ``reserve``
@@ -205,7 +209,8 @@ class ServingMixin:
         ``CacheFullError`` when locked and reserved tokens leave no room
         (nothing changed: no split, no lock, no statistics). Returns a
         ``Request`` for ``checkpoint``/``finish``/``abort``; until then it
-        is listed by ``open_requests()``.
+        is listed by ``open_requests()``. ``priority``: of the request's
+        inserts (see ``insert``).
 
         >>> from radix_soa import PrefixCache
         >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3, 4], values=[5, 6, 7, 8])
@@ -216,18 +221,19 @@ class ServingMixin:
         >>> f.cached, f.free.tolist(), pc.locked_tokens
         (3, [], 0)
         """
-        s = self._s
-        if s.readonly:
+        if self._s.readonly:
             self._writable()
         q = as_tokens(tokens)
         reserve = -1 if reserve is None else self._check_reserve(reserve)
+        if type(priority) is not int or priority:
+            self._check_priority(priority)
         if namespace is None:
             namespace = 0
-        # the capacity a reservation counts against (-1: none)
-        capacity = self._cap if self._count_inflight else -1
+        count = self._count_inflight
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             if root < 0:
                 root, _ = self._root(namespace, create=False)
@@ -235,25 +241,26 @@ class ServingMixin:
             if not known:  # an unknown namespace: a miss, and nothing is created
                 root = s.root
             out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
+            capacity = self._cap if count else -1  # what a reservation counts against
             evict_out = _NO_VALUES if capacity < 0 else self._begin_evict_out(
                 capacity, q.shape[0] if reserve < 0 else reserve)
-            request = Request(self, namespace, out, evict_out)
+            request = Request(self, namespace, out, evict_out, priority)
             # listed before its kernel runs: a begin interrupted after it is
             # still found by open_requests() (and the listing skips the others)
             self._requests[id(request)] = request
             st = request._st
-            status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, capacity, reserve,
-                                  evict_out, st)
+            status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, count, capacity,
+                                  reserve, evict_out, st)
             if status == ROOM:
                 status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
-                                                    capacity, reserve, evict_out, st))
+                                                    count, capacity, reserve, evict_out, st))
             if status != DONE:
                 del self._requests[id(request)]
                 if status == LIMIT:
                     raise OverflowError(f"a path holds at most {LOCK_LIMIT} locks at once "
                                         "(int32 counts)")
                 raise CacheFullError(
-                    f"no room to reserve {q.shape[0] if reserve < 0 else reserve} tokens: "
+                    f"no room to reserve {'the uncached' if reserve < 0 else reserve} tokens: "
                     f"capacity {self._capacity}, {self.total_tokens} cached "
                     f"({self.locked_tokens} locked), {self.inflight_tokens} in flight")
         return request
@@ -276,10 +283,7 @@ class ServingMixin:
         node. Returns the slots the caller must free now: values of tokens
         someone else cached first (duplicates), then what making room
         evicted. The partial last page stays the request's."""
-        status = self._transition(KL.req_checkpoint, request, tokens, values)
-        if status != DONE:
-            raise self._transition_error(status, request)
-        return request.result
+        return self._transition(KL.req_checkpoint, request, tokens, values)
 
     def finish(self, request, tokens, values):
         """A request is done: cache ``tokens`` (prompt + output, whole pages)
@@ -289,11 +293,7 @@ class ServingMixin:
         already cached, and the partial last page), ``evicted`` what making
         room freed (free those too). Interrupted, it either happened or did
         not: ``request.steps`` tells, and ``request.result`` is its result."""
-        status = self._transition(KL.req_finish, request, tokens, values)
-        if status != DONE:
-            raise self._transition_error(status, request)
-        self._requests.pop(id(request), None)
-        return request.result
+        return self._transition(KL.req_finish, request, tokens, values)
 
     def abort(self, request):
         """Release ``request``'s lock and reservation without caching it."""
@@ -301,6 +301,7 @@ class ServingMixin:
             if self._readers:
                 self._drain_readers()
             self._check_open(request)
+            request._stage(None, None)  # an abort has no result
             status = KL.req_abort(self._s.D, self._s.like, request._st)
             if status != DONE:
                 raise self._transition_error(status, request)
@@ -308,7 +309,7 @@ class ServingMixin:
 
     def _transition(self, kernel, request, tokens, values):
         """Run ``checkpoint``'s or ``finish``'s kernel: validate everything,
-        then one kernel call (resumed after growth)."""
+        then one kernel call (resumed after growth); returns the result."""
         s = self._s
         if s.readonly:
             self._writable()
@@ -324,11 +325,13 @@ class ServingMixin:
             vals = values  # the common case, checked inline
         else:
             vals = self._check_values(values, nq, n)  # every token's, or the whole pages'
-        priority = 0
+        vals = vals.copy()  # the result is rebuilt from them: never the caller's array
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             self._check_open(request)
+            priority = request.priority
             namespace = request.namespace
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             ns = 0
@@ -347,11 +350,20 @@ class ServingMixin:
                                               out, priority, st))
             if root < 0:
                 self._roots_in_sync()
-        return status
+            if status != DONE:
+                raise self._transition_error(status, request)
+            if kernel is KL.req_finish:
+                self._requests.pop(id(request), None)
+            return request.result
 
     def _transition_error(self, status, request):
         if status == FULL:
             return self._full(request.cached)
+        if status == MISMATCH:
+            return ValueError(f"tokens must start with the request's {request.cached} cached "
+                              "tokens (its locked prefix)")
+        if status == LIMIT:
+            return OverflowError(f"a path holds at most {LOCK_LIMIT} locks at once (int32 counts)")
         return ValueError("the request no longer holds its lock (an unlock() of its node "
                           "released it); abort() the request")
 
@@ -360,8 +372,9 @@ class ServingMixin:
             raise TypeError(f"request must be a Request from begin(); got {type(request).__name__}")
         if request.owner is not self:
             raise ValueError("this request belongs to another cache")
-        if request.epoch != self._epoch:
-            raise ValueError("this request was begun before a reset() of the cache")
+        if request.epoch is not self._epoch:
+            raise ValueError("this request was begun before a reset() of the cache (or on "
+                             "a copy of it before it was pickled or loaded)")
         if not request.open:
             raise ValueError("this request was finished or aborted already (its result is "
                              "request.result)")
@@ -408,7 +421,7 @@ class ServingMixin:
                 "_salt": secrets.randbits(32),  # old handles can never match again
                 "_ns_keys": [0], "_ns_number": {0: 0}, "_roots": {0: fresh.root},
                 "_requests": {},
-                "_epoch": self._epoch + 1})  # open requests are void
+                "_epoch": object()})  # open requests are void
 
     def reset_stats(self):
         """Zero the counters ``stats`` reports."""

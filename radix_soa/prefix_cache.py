@@ -85,7 +85,9 @@ class PrefixCache(ServingMixin, TreeCache):
         self._cap = -1 if capacity is None else capacity  # what kernels take
         self._count_inflight = bool(count_inflight)
         self._requests = {}  # id -> Request, from begin to finish/abort
-        self._epoch = 0  # resets so far: a Request of an earlier epoch is void
+        # this cache's incarnation: a new object at each reset() and load (and
+        # so in a copy), and a Request of another incarnation is void
+        self._epoch = object()
         self._page = page_size
         # mixed into every handle's generation, so a handle of another cache
         # is refused even when its node id and generation happen to match
@@ -221,6 +223,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             if root < 0:
                 root, _ = self._root(namespace, create=False)
@@ -299,11 +302,11 @@ class PrefixCache(ServingMixin, TreeCache):
                     self._drain_readers()
                 return map_batches(batches, np.int64,
                                    lambda b, out: self._match_csr(namespace, b, out))
-        s = self._s
         parts = []
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             for b in batches:
                 out = np.zeros(len(b), np.int64)
                 nodes = np.empty((len(b), 2), np.int64)
@@ -372,6 +375,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             cap = self._cap if not self._count_inflight else self._kernel_cap()
             root = self._roots.get(namespace, -1) if type(namespace) is int else -1
             ns = 0
@@ -436,6 +440,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             if not len(b):
                 return cached, NOTHING_EVICTED[s.has_values]
             root, ns = self._root(namespace)
@@ -517,6 +522,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             status, tokens = KP.lock_handle(s.D, s.like, v, gen, delta)
         if status != DONE:
             raise self._lock_error(node, status, delta)
@@ -572,6 +578,7 @@ class PrefixCache(ServingMixin, TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
+            s = self._s  # under the lock: a reset() may have replaced it
             meta = s.meta
             bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
             out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
@@ -604,7 +611,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._count_inflight = bool(state.get("count_inflight", False))
         s.meta[M_INFLIGHT] = 0  # requests do not outlive their process (their locks do)
         self._requests = {}
-        self._epoch = 0
+        self._epoch = object()  # requests copied along with the cache are void
         self._page = s.page_size
         if "namespaces" in state:
             keys = state["namespaces"]

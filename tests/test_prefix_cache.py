@@ -335,6 +335,21 @@ def test_memory_per_node_and_token():
 tokens = st.lists(st.integers(0, 3), min_size=0, max_size=10)
 
 
+def ref_tokens(request, pc):
+    """The tokens of the path ``request`` holds (its cached prefix; none
+    when its node is gone)."""
+    s = pc._s
+    v = int(request._st[1])
+    if not request.cached or s.length[v] <= 0 or s.gen[v] != request._st[2]:
+        return []
+    out = []
+    while s.parent[v] >= 0:
+        a = int(s.start[v])
+        out[:0] = s.tokens[a:a + int(s.length[v])].tolist()
+        v = int(s.parent[v])
+    return out[:request.cached]
+
+
 class PrefixCacheMachine(RuleBasedStateMachine):
     """Random inserts, matches, batches, locks, unlocks and evictions on the
     Numba cache and the object-tree reference: identical answers, and the
@@ -432,17 +447,17 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     # the request lifecycle
     @rule(toks=tokens, ns=st.sampled_from([0, "x", "y"]),
-          reserve=st.one_of(st.none(), st.integers(0, 8)))
-    def begin(self, toks, ns, reserve):
+          reserve=st.one_of(st.none(), st.integers(0, 8)), priority=st.integers(-2, 2))
+    def begin(self, toks, ns, reserve, priority):
         try:
-            ref = self.ref.begin(toks, namespace=ns, reserve=reserve)
+            ref = self.ref.begin(toks, namespace=ns, reserve=reserve, priority=priority)
         except CacheFullError:
             before = state(self.pc)
             with pytest.raises(CacheFullError):
-                self.pc.begin(toks, namespace=ns, reserve=reserve)
+                self.pc.begin(toks, namespace=ns, reserve=reserve, priority=priority)
             assert same_state(before, state(self.pc))
             return
-        ours = self.pc.begin(toks, namespace=ns, reserve=reserve)
+        ours = self.pc.begin(toks, namespace=ns, reserve=reserve, priority=priority)
         assert (ours.cached, ours.reserved) == (ref.cached, ref.reserved)
         assert ours.evicted.num_tokens == ref.evicted.num_tokens
         if self.values:
@@ -453,7 +468,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def _transition(self, data, name):
         i = data.draw(st.integers(0, len(self.requests) - 1))
         ours, ref = self.requests[i]
-        toks = data.draw(tokens)
+        # mostly the request's own tokens grown (or cut), sometimes anything
+        toks = data.draw(st.one_of(
+            tokens, st.builds(lambda cut, more: list(ref_tokens(ours, self.pc))[:cut] + more,
+                              st.integers(0, 12), tokens)))
         vals = self._vals(toks)
         try:
             want = getattr(self.ref, name)(ref, toks, vals)
@@ -468,6 +486,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.requests.pop(i)
             assert got.cached == want[0]
             assert got.evicted.num_tokens == want[3].num_tokens
+            if self.values:
+                assert got.evicted.values.tolist() == list(want[3].values)
+            again = ours.result
+            assert again.cached == got.cached and again.node == got.node
+            assert (again.free is None) == (got.free is None)
             got, want = got.free, want[2]
             assert not ours.open
         assert (got is None) == (want is None)

@@ -412,3 +412,74 @@ def test_finish_and_checkpoint_take_values_for_the_whole_pages_only():
     with pytest.raises(ValueError, match="pass 10 or 8"):
         pc.finish(pc.begin([1]), list(range(10)), list(range(9)))
     pc.check_invariants()
+
+
+def test_requests_copied_with_their_cache_are_void():
+    import pickle
+
+    pc = PrefixCache(capacity=10, count_inflight=True)
+    pc.insert([1, 2, 3], values=[1, 2, 3])
+    r = pc.begin([1, 2, 3, 4, 5])
+    pc2, r2 = pickle.loads(pickle.dumps((pc, r)))
+    assert not r2.open and pc2.inflight_tokens == 0 and pc2.open_requests() == []
+    with pytest.raises(ValueError, match="pickled or loaded"):
+        pc2.finish(r2, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
+    assert pc2.locked_tokens == 3  # the saved lock stays, releasable by its handle
+    assert pc2.unlock(r2.node) == 3
+    pc2.check_invariants()
+    assert r.open and pc.finish(r, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]).cached == 3
+    pc.check_invariants()
+
+
+def test_an_abort_has_no_result_even_after_a_refused_finish():
+    pc = PrefixCache(capacity=4)
+    pc.insert([1, 2], values=[1, 2])
+    r = pc.begin([1, 2])
+    with pytest.raises(CacheFullError):
+        pc.finish(r, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6])  # the locked 2 + 4 new > 4
+    assert r.open and r.steps == 1 and r.result is None
+    pc.abort(r)
+    assert r.steps == 2 and r.result is None and pc.locked_tokens == 0
+
+
+def test_tokens_that_leave_the_requests_cached_prefix_are_refused():
+    pc = PrefixCache(page_size=2)
+    r = pc.begin([1, 2, 3, 4, 5])
+    pc.checkpoint(r, [1, 2, 3, 4], [10, 11, 12, 13])
+    before = pc.to_text()
+    for tokens in ([1, 2, 3], [1, 2, 9, 9, 9]):  # shorter than, or diverging from, [1, 2, 3, 4]
+        with pytest.raises(ValueError, match="cached"):
+            pc.finish(r, tokens, list(range(len(tokens))))
+        assert pc.to_text() == before and r.open
+    done = pc.finish(r, [1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15])
+    assert done.free.tolist() == [] and sorted(pc.cached_values().tolist()) == [10, 11, 12, 13,
+                                                                                 14, 15]
+
+
+def test_results_do_not_alias_the_callers_values():
+    pc = PrefixCache()
+    pc.insert([1, 2], values=[1, 2])
+    r = pc.begin([1])
+    slots = np.array([7, 8, 9], np.int64)  # [1, 2] were cached by someone else: 8 is a duplicate
+    done = pc.finish(r, [1, 2, 3], slots)
+    slots[:] = -1  # the engine reuses its row
+    assert done.free.tolist() == [8] and r.result.free.tolist() == [8]
+
+
+def test_inflight_tokens_are_counted_without_a_capacity_too():
+    pc = PrefixCache(count_inflight=True)
+    r = pc.begin([1, 2, 3])
+    assert r.reserved == 3 and pc.inflight_tokens == 3
+    pc.finish(r, [1, 2, 3], [1, 2, 3])
+    assert pc.inflight_tokens == 0
+
+
+def test_a_requests_priority_reaches_its_inserts():
+    pc = PrefixCache(eviction_policy="priority")
+    high = pc.begin([1, 2], priority=2)
+    pc.finish(high, [1, 2], [1, 2])
+    low = pc.begin([3, 4])
+    pc.finish(low, [3, 4], [3, 4])
+    assert pc.evict(2).values.tolist() == [3, 4]  # the low one goes first, though newer
+    with pytest.raises(TypeError, match="priority"):
+        pc.begin([1], priority=0.5)

@@ -96,6 +96,7 @@ ROOM = 1
 FULL = 2            # cannot fit under the capacity even after evicting all else
 STALE = 3           # a node handle whose node is gone (the lock kernel)
 LIMIT = 4           # a lock count would pass LOCK_LIMIT (nothing changed)
+MISMATCH = 5        # a request's tokens do not start with its cached prefix
 
 # Eviction policies: the heap orders evictable leaves by one int64 key per
 # node (``stamp``), lowest first, ties by node id. Each policy packs what it

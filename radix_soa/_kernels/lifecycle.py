@@ -15,6 +15,7 @@ from .descent import descend
 from .directory import tree_at
 from .heap import touch
 from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIMIT, LOCK,
+                     LOCK_LIMIT, MISMATCH,
                      M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_PRIORITY, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
                      PARENT, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED,
@@ -27,12 +28,12 @@ from .table import has_room, need_room
 
 
 @kernel
-def req_begin(D, like, root, known, q, page, out, capacity, reserve, evict_out, st):
+def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evict_out, st):
     """``begin``: match ``q`` under ``root`` (``known=False``: the namespace
     has no root; a miss, and nothing is made), lock the matched path, and
-    with ``capacity >= 0`` (``count_inflight``) reserve ``reserve`` tokens
-    (< 0: the unmatched ones), evicting into ``evict_out`` what the
-    reservation needs. The matched values go to ``out``. Returns ``DONE``,
+    with ``count`` (``count_inflight``) reserve ``reserve`` tokens (< 0: the
+    unmatched ones), under ``capacity >= 0`` evicting into ``evict_out``
+    what the reservation needs. The matched values go to ``out``. Returns ``DONE``,
     ``ROOM`` (a node for the split), ``FULL`` (locked and reserved tokens
     leave no room) or ``LIMIT`` (the path's lock count is at its limit);
     all but ``DONE`` before changing anything."""
@@ -57,8 +58,9 @@ def req_begin(D, like, root, known, q, page, out, capacity, reserve, evict_out, 
                                                     else 0)
     need = 0
     want = 0
-    if capacity >= 0:
+    if count:
         need = reserve if reserve >= 0 else qn - length
+    if count and capacity >= 0:
         over = meta[M_TOKENS] + meta[M_INFLIGHT] + need - capacity
         if over > 0:
             evictable = meta[M_TOKENS] - meta[M_LOCKED_TOKENS] - newly_locked
@@ -116,11 +118,36 @@ def _check_request(T, st):
 
 
 @kernel
+def _top_lock(T, root, q, n, page, st):
+    """The lock count at the top of the path a checkpoint's insert ends on
+    (the top of the request's locked path, or of the first page's child)."""
+    parent = T[PARENT]
+    if st[R_LOCKED]:
+        w = st[R_NODE]
+        while parent[parent[w]] >= 0:
+            w = parent[w]
+        return T[LOCK][w]
+    if root < 0 or n == 0:
+        return 0
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], parent, T[TABLE], root, q, 0, page,
+                           page)
+    top = v if v != root else c
+    return T[LOCK][top] if top != NO_NODE else 0
+
+
+@kernel
 def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
     """The insert of a checkpoint or finish (``_insert_one`` with the
-    request's priority), its outcome recorded in ``st[R_LAST_*]``."""
+    request's priority), its outcome recorded in ``st[R_LAST_*]``.
+    ``MISMATCH``: ``q`` does not start with the request's cached prefix;
+    ``LIMIT``: the lock it would move to cannot be taken."""
+    if n < st[R_CACHED]:
+        return MISMATCH
+    if _top_lock(T, root, q, n, page, st) >= LOCK_LIMIT:
+        return LIMIT
     T[META][M_PRIORITY] = priority
-    status, cached, node, gen, freed = _insert_one(T, root, ns, q, n, vals, page, cap, out)
+    status, cached, node, gen, freed = _insert_one(T, root, ns, q, n, vals, page, cap, out,
+                                                   st[R_CACHED])
     T[META][M_PRIORITY] = 0
     if status == DONE:
         st[R_LAST_FROM] = st[R_CACHED]
@@ -137,8 +164,7 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
     """``checkpoint``: insert ``q[:n]`` (values ``vals``, evicted values to
     ``out``) under ``cap``, move the request's lock to the node it ends at
     and turn the reservation of the newly cached tokens into cached ones.
-    ``ROOM``/``FULL``/``STALE``: nothing changed. (Should the new path's
-    lock count be at ``LOCK_LIMIT``, the lock stays where it was.)"""
+    ``ROOM``/``FULL``/``STALE``/``MISMATCH``/``LIMIT``: nothing changed."""
     T = tree_at(D, like)
     status = _check_request(T, st)
     if status != DONE:
@@ -149,9 +175,7 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
     node = st[R_LAST_NODE]
     locked = T[PARENT][node] >= 0
     st[R_STEPS] += 1
-    if locked:
-        if not lock_fits(T, node):
-            return DONE  # (2^31 locks on one path) the lock stays where it was
+    if locked:  # fits: _cache_tokens checked the path's top count
         pc_lock(T, node, 1)
     if st[R_LOCKED]:
         pc_lock(T, st[R_NODE], -1)

@@ -17,8 +17,8 @@ from .heap import heap_push, heap_remove, heap_sift_down, touch
 from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
                      M_DEAD_TOKENS, M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_PRIORITY, M_QUERY_TOKENS, M_ROOTS,
-                     M_TOKENS, M_TOKENS_INSERTED, NCHILD, NO_NODE, OWN, PARENT, ROOM, STALE, STAMP,
-                     START, TABLE, TOKENS, VALUES)
+                     M_TOKENS, M_TOKENS_INSERTED, MISMATCH, NCHILD, NO_NODE, OWN, PARENT, ROOM,
+                     STALE, STAMP, START, TABLE, TOKENS, VALUES)
 from .mutation import copy_run, extend, free_node, make_root, split, unlink
 from .table import has_room, need_room
 
@@ -158,7 +158,7 @@ def evict_keeping(T, root, protect, need, page, out):
 
 
 @kernel
-def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
+def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0):
     """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
     capacity ``cap`` (-1: unbounded) in one descent: the match, the room it
     needs (evicting least recently used tokens, never from the path it
@@ -166,10 +166,13 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out):
     ``(status, cached, node, freed)``; ``FULL`` (locked tokens leave no
     room) is decided before the room check, so a refused insert never
     grows the arrays; ``ROOM`` (the new tokens and 2 nodes): nothing
-    changed."""
+    changed; so is ``MISMATCH``: fewer than ``min_cached`` leading tokens
+    are cached (a request's tokens left its own cached prefix)."""
     v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, n,
                            page)
     cached = pos + k
+    if cached < min_cached:
+        return MISMATCH, cached, NO_NODE, 0
     freed = 0
     need = 0
     protect = c if c != NO_NODE else v
@@ -205,14 +208,15 @@ def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority):
 
 
 @kernel
-def _insert_one(T, root, ns, q, n, vals, page, cap, out):
+def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0):
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
         if not has_room(T, n, 3):
             return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
         root = make_root(T, True, ns)
-    status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out)
+    status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out,
+                                                min_cached)
     if status != DONE:
         return status, cached, NO_NODE, T[GEN][0], 0
     count_insert(T[META], q.shape[0], n - cached, freed)

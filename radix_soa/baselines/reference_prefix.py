@@ -92,7 +92,7 @@ class _Request:
     locked (None: none), the tokens cached for it, the values ``begin``
     found, its reservation and what ``begin`` evicted."""
 
-    __slots__ = ("namespace", "node", "cached", "values", "reserved", "evicted")
+    __slots__ = ("namespace", "node", "cached", "values", "reserved", "evicted", "priority")
 
     def __init__(self, namespace, node, cached, values):
         self.namespace = namespace
@@ -100,6 +100,7 @@ class _Request:
         self.cached = cached
         self.values = values
         self.reserved = 0
+        self.priority = 0
         self.evicted = EvictResult(0, _EMPTY.copy() if values is not None else None)
 
 
@@ -400,7 +401,7 @@ class ReferencePrefixCache:
 
     # ------------------------------------------------------------ lifecycle
     # PrefixCache.begin/checkpoint/finish/abort, composed of the calls above
-    def begin(self, tokens, namespace=0, reserve=None):
+    def begin(self, tokens, namespace=0, reserve=None, priority=0):
         """Match and lock ``tokens``' cached prefix; with ``count_inflight``
         reserve ``reserve`` tokens (default: the unmatched ones), evicting
         what that needs, or raise ``CacheFullError`` (nothing locked,
@@ -417,8 +418,9 @@ class ReferencePrefixCache:
                 newly_locked += len(node.edge) if node.lock == 0 else 0
                 node = node.parent
         need, want = 0, 0
-        if self._count_inflight and self._capacity is not None:
+        if self._count_inflight:
             need = raw - length if reserve is None else operator.index(reserve)
+        if self._count_inflight and self._capacity is not None:
             over = self._total + self._inflight + need - self._capacity
             if over > 0:
                 evictable = self._total - self._locked - newly_locked
@@ -432,6 +434,7 @@ class ReferencePrefixCache:
             self._stats["query_tokens"] += raw
             m = Match(0, None, _EMPTY.copy() if self._has_values else None)
         request = _Request(namespace, m.node, m.length, m.values)
+        request.priority = priority
         if request.node is not None:
             self._lock(m.node)
         if want:
@@ -445,10 +448,14 @@ class ReferencePrefixCache:
             raise ValueError("the request no longer holds its lock")
         t, raw = self._tokens(tokens)
         vals = self._values(values, raw)
+        root = self._root(request.namespace)
+        node, pos, x, k = self._descend(root, t)
+        if pos + k < request.cached:
+            raise ValueError("tokens must start with the request's cached prefix")
         capacity = self._capacity
         if capacity is not None and self._count_inflight:
             capacity = max(0, capacity - self._inflight + request.reserved)
-        r = self._insert(t, vals, self._root(request.namespace), 0, capacity)
+        r = self._insert(t, vals, root, request.priority, capacity)
         dup = vals[request.cached:r.cached] if self._has_values else None
         return r, len(t), vals, dup
 
