@@ -106,3 +106,31 @@ def renamed_attributes(renames):
         cls.RENAMED = dict(renames)
         return cls
     return decorate
+
+
+class RenamedKeys(dict):
+    """A dict in which the old keys of ``renames`` (old -> new) still read
+    their new key's value, with a ``DeprecationWarning``.
+
+    >>> d = RenamedKeys({"hit_tokens": "hit_ids"}, hit_ids=3)
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     old = d["hit_tokens"]
+    >>> old, list(d), str(w[0].message)[:32]
+    (3, ['hit_ids'], "key 'hit_tokens' is deprecated: ")
+    """
+
+    def __init__(self, renames, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._renames = renames
+
+    def __missing__(self, key):
+        new = self._renames.get(key)
+        if new is None or new not in self:
+            raise KeyError(key)
+        warnings.warn(f"key {key!r} is deprecated: use {new!r} (the old name goes in radix_soa "
+                      f"{REMOVED_IN})", DeprecationWarning, stacklevel=2)
+        return self[new]
+
+    def get(self, key, default=None):
+        return self[key] if key in self or key in self._renames else default

@@ -297,3 +297,15 @@ def test_warmup_replay_leaves_nothing_to_compile_for_a_study():
         replay(tr, **kw)
     after = compiled_signatures()
     assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}
+
+
+def test_old_row_and_summary_keys_still_read_with_a_warning():
+    import radix_soa as rs
+
+    r = rs.sweep([[1, 2], [1, 3], [1, 2]], capacities=[2, 10])
+    for d in (r.rows[0], r.to_dict(), r.results[0].summary()):
+        assert "evicted_tokens" not in d  # the new names only, when listed
+        with pytest.warns(DeprecationWarning, match="evicted_ids"):
+            assert d["evicted_tokens"] == d["evicted_ids"]
+    with pytest.raises(KeyError):
+        r.rows[0]["no_such_column"]

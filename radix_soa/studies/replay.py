@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._deprecated import renamed_attributes
+from .._deprecated import RenamedKeys, renamed_attributes
 from .._kernels import replay as KR
 from .._storage import TreeStorage, resume
 from .._kernels.layout import M_POLICY
@@ -134,7 +134,8 @@ class ReplayResult:
         >>> sorted(k for k in replay([[1, 2], [1, 3]]).summary() if k.endswith("_ids"))[:3]
         ['evicted_ids', 'final_ids', 'hit_ids']
         """
-        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, np.ndarray)}
+        out = RenamedKeys(RENAMED, {k: v for k, v in self.__dict__.items()
+                                    if not isinstance(v, np.ndarray)})
         out.update(hit_rate=self.hit_rate, token_hit_rate=self.token_hit_rate,
                    host_hit_rate=self.host_hit_rate, combined_hit_rate=self.combined_hit_rate,
                    prefill_saved_fraction=self.prefill_saved_fraction)
@@ -331,13 +332,13 @@ class SweepResult:
         out = []
         for r in self.results:
             summary = r.summary()
-            out.append({c: summary[c] for c in self.COLUMNS})
+            out.append(RenamedKeys(RENAMED, {c: summary[c] for c in self.COLUMNS}))
         return out
 
     def to_dict(self):
         """Column name -> list of values (ready for ``pandas.DataFrame``)."""
         rows = self.rows
-        return {c: [row[c] for row in rows] for c in self.COLUMNS}
+        return RenamedKeys(RENAMED, {c: [row[c] for row in rows] for c in self.COLUMNS})
 
     def table(self, capacity_unit="ids", kv_bytes_per_token=None, legend=True):
         """The table with units and legend (``radix_soa.studies.report.table``)."""
