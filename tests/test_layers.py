@@ -51,7 +51,7 @@ def layer_of(module):
         return "input"
     if head in PRODUCT:
         return "product"
-    if head in ("cli", "_warmup"):
+    if head in ("cli", "_warmup", "dask"):
         return "front"
     raise AssertionError(f"module {module} has no layer: add it to tests/test_layers.py")
 

@@ -1,0 +1,455 @@
+"""A set of sequences sharded over a Dask cluster: ``build`` and ``ShardedCache``.
+
+Optional: ``pip install radix-soa[dask]`` (``dask[distributed]``).
+
+How it stays exact. Every sequence ``s`` of at least ``head`` (k) tokens is
+stored whole on shard ``hash(s[:k]) % shards``. A head tree (one
+``RadixCache`` on the client) holds ``s[:k]`` of every stored sequence, so
+sequences shorter than k are stored whole in it (and on no shard). For a
+query ``q``, with ``h`` the head tree's longest match of ``q``:
+
+- if ``h < k``, no stored sequence shares k tokens with ``q``, so the global
+  longest match is ``h`` and ``q`` is stored only if it is shorter than k and
+  a head-tree sequence (its terminals shorter than k are exactly the short
+  stored sequences);
+- if ``h == k``, every stored sequence sharing ``q[:k]`` lives on shard
+  ``hash(q[:k])``, which answers both questions alone.
+
+So only queries whose first k tokens are a stored head travel, each to one
+shard; results come back in input order. Costs: the head tree holds at most
+k tokens per distinct head (up to n * k tokens when heads are all distinct,
+kept on the client), and shards are skewed when many sequences share their
+first k tokens (a common system prompt longer than k puts all of them on one
+shard).
+
+>>> import radix_soa.dask as rsd          # doctest: +SKIP
+>>> sc = rsd.build(seqs, shards=8, client=client)   # doctest: +SKIP
+>>> sc.match_prefix_batch(queries)         # doctest: +SKIP
+"""
+
+try:
+    import dask
+    import distributed
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError("radix_soa.dask needs dask.distributed: pip install radix-soa[dask] "
+                      f"(or pip install 'dask[distributed]'); {exc}") from None
+
+import pickle
+
+import numpy as np
+
+from ._validate import check_int, check_length
+from .batch import Batch, pack_one
+from .radix_cache import RadixCache
+
+__all__ = ["build", "ShardedCache", "shard_of"]
+
+_INT64 = np.dtype(np.int64)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+
+
+# ---------------------------------------------------------------- routing (NumPy)
+
+def _mix(x):
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def shard_of(batch, head, shards):
+    """Shard of every sequence of ``batch`` (a ``Batch``) by a hash of its
+    first ``head`` tokens; -1 for sequences shorter than ``head`` (they live
+    in the head tree). Deterministic across processes and machines.
+
+    >>> from radix_soa import pack
+    >>> s = shard_of(pack([[1, 2, 3], [1, 2, 4], [1]]), 2, 4)
+    >>> bool(s[0] == s[1]), int(s[2])
+    (True, -1)
+    """
+    off = batch.offsets[:-1]
+    lengths = batch.lengths
+    out = np.full(len(batch), -1, np.int64)
+    long_ = np.flatnonzero(lengths >= head)
+    if long_.size:
+        flat = batch.flat
+        starts = off[long_]
+        with np.errstate(over="ignore"):
+            h = np.full(long_.size, _GOLD, np.uint64)
+            for j in range(head):
+                h = _mix(h ^ flat[starts + j].astype(np.int64).view(np.uint64) + _GOLD)
+        out[long_] = (h % np.uint64(shards)).astype(np.int64)
+    return out
+
+
+def _take(batch, idx):
+    """Sequences ``idx`` of ``batch`` as ``(flat, offsets)`` NumPy arrays."""
+    lengths = batch.lengths[idx]
+    offsets = np.zeros(idx.shape[0] + 1, _INT64)
+    np.cumsum(lengths, out=offsets[1:])
+    if idx.shape[0] == 0:
+        return np.empty(0, batch.flat.dtype), offsets
+    starts = batch.offsets[idx]
+    pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=_INT64)
+    return batch.flat[pos], offsets
+
+
+def _heads(batch, head):
+    """Every sequence cut to its first ``head`` tokens, as a ``Batch``."""
+    lengths = np.minimum(batch.lengths, head)
+    idx = np.arange(len(batch))
+    offsets = np.zeros(len(batch) + 1, _INT64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = batch.offsets[idx]
+    pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=_INT64)
+    return Batch(batch.flat[pos], offsets)
+
+
+def _validate_for_insert(batch):
+    lengths = batch.lengths
+    if np.any(lengths == 0):
+        raise ValueError(f"cannot insert an empty sequence (sequence "
+                         f"{int(np.flatnonzero(lengths == 0)[0])} of seqs)")
+    if len(batch):
+        check_length(int(lengths.max()), "a sequence of seqs")
+
+
+# ---------------------------------------------------------------- worker side
+
+def _partition_batch(part):
+    """A partition of a dask collection (a list of sequences, a pandas
+    Series of lists/arrays, or anything ``pack`` takes) as one ``Batch``."""
+    if type(part).__module__.startswith("pandas"):
+        if getattr(part, "ndim", 1) == 2:
+            if part.shape[1] != 1:
+                raise TypeError("build takes one column of sequences; got a dataframe with "
+                                f"{part.shape[1]} columns")
+            part = part.iloc[:, 0]
+        arr = part.array
+        if type(arr).__name__ == "ArrowExtensionArray":
+            import pyarrow as pa
+
+            return pack_one(pa.chunked_array([pa.array(arr)]))
+        part = list(part)
+    return pack_one(part)
+
+
+def _split(part, head, shards):
+    """One partition cut into per-shard pieces plus its distinct heads."""
+    b = _partition_batch(part)
+    _validate_for_insert(b)
+    sid = shard_of(b, head, shards)
+    order = np.argsort(sid, kind="stable")
+    bounds = np.searchsorted(sid[order], np.arange(shards + 1))
+    pieces = [_take(b, order[bounds[j]:bounds[j + 1]]) for j in range(shards)]
+    hs = RadixCache()
+    hs.insert_batch(_heads(b, head))
+    return pieces, hs.to_csr()
+
+
+def _piece(split, j):
+    return split[0][j]
+
+
+def _heads_of(split):
+    return split[1]
+
+
+def _build_shard(*pieces):
+    rc = RadixCache()
+    for flat, offsets in pieces:
+        if offsets.shape[0] > 1:
+            rc.insert_batch((flat, offsets))
+    return rc
+
+
+def _insert_copy(rc, flat, offsets):
+    """A copy of shard ``rc`` with the piece inserted, and the new-flags.
+    Copy-on-write: the old shard stays as it was, so a failed ``insert_batch``
+    elsewhere leaves every shard unchanged, and a recomputation from lineage
+    is exact."""
+    new = pickle.loads(pickle.dumps(rc, protocol=5))
+    flags = new.insert_batch((flat, offsets))
+    return new, flags
+
+
+def _first(pair):
+    return pair[0]
+
+
+def _second(pair):
+    return pair[1]
+
+
+def _lookup(rc, flat, offsets, what):
+    if what == "exists":
+        return rc.exists_batch((flat, offsets), parallel=False)
+    return rc.match_prefix_batch((flat, offsets), parallel=False)
+
+
+def _memory(rc):
+    return rc.memory_report()
+
+
+# ---------------------------------------------------------------- client side
+
+def _client(client):
+    if client is not None:
+        return client
+    try:
+        return distributed.get_client()
+    except ValueError:
+        raise ValueError("no dask client: pass client= or create a distributed.Client() "
+                         "first") from None
+
+
+def _is_dask_collection(obj):
+    return dask.is_dask_collection(obj)
+
+
+_SUMMED = ("total_bytes", "used_bytes", "slack_bytes", "tokens_inserted", "tokens_stored",
+           "dead_tokens", "nodes")
+
+
+class ShardedCache:
+    """A set of int64 token sequences split over Dask workers; see the module
+    docstring for how answers stay exact. Made by ``build``.
+
+    Each shard is a ``RadixCache`` held by a future on one worker (never
+    pulled to the client); queries are partitioned by shard on the client
+    with NumPy, each shard answers its part in one task on the worker that
+    holds it, and results are put back in input order. Calls are not meant
+    to run concurrently from several client threads.
+    """
+
+    def __init__(self, client, head, shards, futures, lengths, head_tree, n_short):
+        self._client = client
+        self._k = head
+        self._n = shards
+        self._shards = futures
+        self._lengths = lengths
+        self._head = head_tree
+        self._n_short = n_short
+
+    @property
+    def head(self):
+        """k: the number of leading tokens that picks a sequence's shard."""
+        return self._k
+
+    @property
+    def shards(self):
+        return self._n
+
+    @property
+    def shard_lengths(self):
+        """Distinct sequences stored per shard (int64 array; copies)."""
+        return self._lengths.copy()
+
+    def __len__(self):
+        return int(self._lengths.sum()) + self._n_short
+
+    def __repr__(self):
+        return f"ShardedCache({len(self)} sequences, shards={self._n}, head={self._k})"
+
+    # ------------------------------------------------------------ placement
+    def _where(self):
+        """Worker holding each shard now (None if it must be recomputed)."""
+        who = self._client.who_has(self._shards)
+        return [sorted(who.get(f.key, ())) for f in self._shards]
+
+    def _submit(self, fn, j, *args, where=None):
+        workers = where[j] if where is not None and where[j] else None
+        return self._client.submit(fn, self._shards[j], *args, workers=workers,
+                                   allow_other_workers=True, pure=False)
+
+    def _gather(self, futures):
+        return self._client.gather(futures)
+
+    # ------------------------------------------------------------ queries
+    def _route(self, queries):
+        if _is_dask_collection(queries):
+            raise TypeError("queries must be in memory (a list, NumPy CSR pair, Batch or "
+                            "Arrow array); dask collections are not supported yet: compute "
+                            "them first")
+        b = pack_one(queries)
+        h = self._head.match_prefix_batch(b, parallel=False)
+        far = np.flatnonzero(h == self._k)
+        sid = shard_of(b, self._k, self._n)
+        return b, h, far, sid[far]
+
+    def _ask(self, b, far, sid, what, out):
+        if far.size == 0:
+            return out
+        where = self._where()
+        order = np.argsort(sid, kind="stable")
+        bounds = np.searchsorted(sid[order], np.arange(self._n + 1))
+        jobs = []
+        for j in range(self._n):
+            idx = far[order[bounds[j]:bounds[j + 1]]]
+            if idx.size:
+                flat, offsets = _take(b, idx)
+                jobs.append((idx, self._submit(_lookup, j, flat, offsets, what, where=where)))
+        results = self._gather([f for _, f in jobs])
+        for (idx, _), res in zip(jobs, results):
+            if res.shape[0] != idx.shape[0]:  # a shard answered for the wrong part
+                raise RuntimeError(f"a shard returned {res.shape[0]} answers for "
+                                   f"{idx.shape[0]} queries")
+            out[idx] = res
+        return out
+
+    def exists_batch(self, queries):
+        """``exists`` for every query, as a bool array, exactly as one
+        ``RadixCache`` holding every sequence would answer.
+
+        ``queries``: anything ``RadixCache.exists_batch`` takes.
+        """
+        b, h, far, sid = self._route(queries)
+        out = np.zeros(len(b), np.bool_)
+        short = np.flatnonzero(b.lengths < self._k)
+        if short.size:
+            out[short] = self._head.exists_batch(Batch(*_take(b, short)), parallel=False)
+        return self._ask(b, far, sid, "exists", out)
+
+    def match_prefix_batch(self, queries):
+        """Longest stored prefix of every query (int64 array), exactly as one
+        ``RadixCache`` holding every sequence would answer."""
+        b, h, far, sid = self._route(queries)
+        return self._ask(b, far, sid, "match", h.astype(np.int64, copy=True))
+
+    # ------------------------------------------------------------ updates
+    def insert_batch(self, seqs):
+        """Insert sequences; returns a bool array, True where a sequence was
+        not stored before (the first of duplicates within the batch).
+
+        All-or-nothing: everything is validated on the client first; each
+        touched shard is then copied and extended on its worker, and the new
+        shards replace the old ones (and the head tree is extended) only
+        after every shard succeeded. A worker dying mid-insert makes Dask
+        rerun the task (recomputing the shard from its lineage); if that
+        fails too (``distributed.KilledWorker`` after ``allowed-failures``),
+        the error propagates and the cache is unchanged.
+        """
+        if _is_dask_collection(seqs):
+            raise TypeError("insert_batch takes sequences in memory; dask collections are not "
+                            "supported yet (use build)")
+        b = pack_one(seqs)
+        _validate_for_insert(b)
+        sid = shard_of(b, self._k, self._n)
+        new = np.zeros(len(b), np.bool_)
+        where = self._where()
+        order = np.argsort(sid, kind="stable")
+        bounds = np.searchsorted(sid[order], np.arange(-1, self._n + 1))
+        jobs = []
+        for j in range(self._n):
+            idx = order[bounds[j + 1]:bounds[j + 2]]
+            if idx.size:
+                flat, offsets = _take(b, idx)
+                pair = self._submit(_insert_copy, j, flat, offsets, where=where)
+                w = where[j] or None
+                shard = self._client.submit(_first, pair, workers=w, allow_other_workers=True)
+                flags = self._client.submit(_second, pair, workers=w, allow_other_workers=True)
+                jobs.append((j, idx, shard, flags))
+        results = self._gather([f for *_, f in jobs])
+        # every shard succeeded: now the head tree (its own insert is
+        # all-or-nothing), then swap everything in at once
+        head = pickle.loads(pickle.dumps(self._head))
+        head_new = head.insert_batch(_heads(b, self._k))
+        short = b.lengths < self._k
+        new[short] = head_new[short]
+        lengths = self._lengths.copy()
+        shards = list(self._shards)
+        for (j, idx, shard, _), flags in zip(jobs, results):
+            new[idx] = flags
+            lengths[j] += int(flags.sum())
+            shards[j] = shard
+        n_short = self._n_short + int(head_new[short].sum())
+        self._shards, self._lengths, self._head, self._n_short = shards, lengths, head, n_short
+        return new
+
+    # ------------------------------------------------------------ reports
+    def memory_report(self):
+        """Bytes per shard (each shard's ``RadixCache.memory_report()``,
+        computed on its worker), the head tree's report, and ``total``: the
+        counts summed over shards and head tree, with ``bytes_per_stored_token``
+        recomputed from the sums. ``sequences`` and ``skew`` (largest shard
+        over the mean) say how even the shards are."""
+        where = self._where()
+        per = self._gather([self._submit(_memory, j, where=where) for j in range(self._n)])
+        head = self._head.memory_report()
+        total = {key: sum(r[key] for r in per) + head[key] for key in _SUMMED}
+        total["bytes_per_stored_token"] = (total["used_bytes"] / total["tokens_stored"]
+                                           if total["tokens_stored"] else 0.0)
+        lengths = self._lengths
+        mean = lengths.mean() if lengths.size else 0.0
+        return {"total": total, "head": head, "shards": per,
+                "sequences": lengths.tolist(), "short_sequences": self._n_short,
+                "skew": float(lengths.max() / mean) if mean else 0.0}
+
+
+# ---------------------------------------------------------------- build
+
+def build(seqs, shards=8, client=None, head=16):
+    """A ``ShardedCache`` of ``seqs`` over the workers of ``client`` (the
+    current client when None).
+
+    ``seqs``: a ``dask.bag`` of sequences, a dask dataframe column (Series)
+    of lists, or anything ``radix_soa.pack`` / ``RadixCache.insert_batch``
+    takes (split on the client; the pieces travel in the task graph, so a
+    lost shard can be recomputed). ``shards``: how many ``RadixCache`` shards,
+    placed round-robin over the workers. ``head`` (k): how many leading
+    tokens pick a sequence's shard (see the module docstring for the costs).
+    Empty sequences raise ``ValueError`` (as ``insert_batch``).
+    """
+    shards = check_int("shards", shards, minimum=1, maximum=1 << 20)
+    head = check_int("head", head, minimum=1, maximum=1 << 20)
+    client = _client(client)
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        raise ValueError("the dask cluster has no workers")
+    pin = [[workers[j % len(workers)]] for j in range(shards)]
+    head_tree = RadixCache()
+    n_short = 0
+
+    def add_heads(csr):
+        nonlocal n_short
+        hb = Batch(*csr)
+        if len(hb):
+            fresh = head_tree.insert_batch(hb)
+            n_short += int((fresh & (hb.lengths < head)).sum())
+
+    if _is_dask_collection(seqs):
+        if hasattr(seqs, "to_delayed"):
+            parts = seqs.to_delayed()
+            parts = list(np.ravel(np.asarray(parts, dtype=object)))
+        else:
+            raise TypeError(f"build takes a dask bag or dataframe column; got "
+                            f"{type(seqs).__name__}")
+        part_f = client.compute(parts)
+        splits = [client.submit(_split, p, head, shards, pure=False) for p in part_f]
+        pieces = [[client.submit(_piece, s, j, pure=False) for s in splits]
+                  for j in range(shards)]
+        futures = [client.submit(_build_shard, *pieces[j], workers=pin[j],
+                                 allow_other_workers=True, pure=False) for j in range(shards)]
+        for csr in client.gather([client.submit(_heads_of, s, pure=False) for s in splits]):
+            add_heads(csr)
+        del part_f, splits, pieces
+    else:
+        b = pack_one(seqs)
+        _validate_for_insert(b)
+        sid = shard_of(b, head, shards)
+        order = np.argsort(sid, kind="stable")
+        bounds = np.searchsorted(sid[order], np.arange(-1, shards + 1))
+        futures = [client.submit(_build_shard, _take(b, order[bounds[j + 1]:bounds[j + 2]]),
+                                 workers=pin[j], allow_other_workers=True, pure=False)
+                   for j in range(shards)]
+        if len(b):
+            hb = _heads(b, head)
+            add_heads((hb.flat, hb.offsets))
+    lengths = np.array(client.gather([client.submit(len, f, workers=pin[j],
+                                                    allow_other_workers=True, pure=False)
+                                      for j, f in enumerate(futures)]), np.int64)
+    return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short)
