@@ -129,6 +129,11 @@ def _partition_batch(part):
                 raise TypeError("build takes one column of sequences; got a dataframe with "
                                 f"{part.shape[1]} columns")
             part = part.iloc[:, 0]
+        if str(part.dtype).startswith(("string", "str")):
+            raise TypeError("build takes a column of token lists; got a column of strings "
+                            "(dask.dataframe turns object columns into strings unless "
+                            "dask.config 'dataframe.convert-string' is False; a Parquet "
+                            "list<int> column is read as lists)")
         arr = part.array
         if type(arr).__name__ == "ArrowExtensionArray":
             import pyarrow as pa

@@ -1,0 +1,185 @@
+"""radix_soa.dask on a real 2-process LocalCluster: every answer against one
+in-process RadixCache holding the same sequences."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed "
+                                  "(pip install radix-soa[dask])")
+import dask.bag as db  # noqa: E402
+
+import radix_soa as rs  # noqa: E402
+import radix_soa.dask as rsd  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def corpus(seed=0, n=3000):
+    """Sequences over a 3-token alphabet (much sharing), 1..20 tokens, with
+    duplicates and a common 5-token opening on a third of them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        s = list(rng.integers(0, 3, int(rng.integers(1, 21))))
+        if i % 3 == 0:
+            s = [7, 7, 7, 7, 7] + s
+        out.append(s)
+    out += out[:50]  # duplicates
+    return out
+
+
+def queries(seqs, seed=1):
+    """Exact hits, strict prefixes, extensions, misses, short and empty ones."""
+    rng = np.random.default_rng(seed)
+    picks = [seqs[int(i)] for i in rng.integers(0, len(seqs), 400)]
+    q = list(picks)
+    q += [s[:int(rng.integers(0, len(s) + 1))] for s in picks]
+    q += [s + [int(rng.integers(0, 4))] for s in picks]
+    q += [s[:-1] + [9] for s in picks]
+    q += [list(rng.integers(0, 4, int(rng.integers(0, 25)))) for _ in range(800)]
+    q += [[], [7], [7, 7, 7, 7, 7], [9]]
+    return q
+
+
+def reference(seqs):
+    rc = rs.RadixCache()
+    rc.insert_batch(seqs)
+    return rc
+
+
+SEQS = corpus()
+REF = reference(SEQS)
+QUERIES = queries(SEQS)
+WANT_EXISTS = REF.exists_batch(QUERIES)
+WANT_MATCH = REF.match_prefix_batch(QUERIES)
+
+
+def check(sc, ref=REF, q=QUERIES):
+    assert len(sc) == len(ref)
+    np.testing.assert_array_equal(sc.exists_batch(q), ref.exists_batch(q))
+    np.testing.assert_array_equal(sc.match_prefix_batch(q), ref.match_prefix_batch(q))
+
+
+def test_the_queries_cover_every_kind():
+    assert WANT_EXISTS.any() and not WANT_EXISTS.all()
+    lengths = np.array([len(s) for s in QUERIES])
+    assert (WANT_MATCH < lengths).any()          # strict prefixes and misses
+    assert ((WANT_MATCH > 0) & (WANT_MATCH < 4)).any()  # matches shorter than the head
+    assert (lengths == 0).any()
+
+
+@pytest.mark.parametrize("shards, head", [(1, 4), (3, 1), (3, 4), (8, 6), (5, 26)])
+def test_answers_equal_one_tree(client, shards, head):
+    sc = rsd.build(SEQS, shards=shards, client=client, head=head)
+    assert sc.shards == shards and sc.head == head
+    check(sc)
+    if head == 26:  # longer than every sequence: all live in the head tree
+        assert sc.shard_lengths.sum() == 0
+
+
+def test_built_from_a_dask_bag_dataframe_arrow_and_csr(client):
+    bag = db.from_sequence(SEQS, npartitions=5)
+    check(rsd.build(bag, shards=4, client=client, head=3))
+    dd = pytest.importorskip("dask.dataframe", reason="dask.dataframe needs pandas")
+    import pandas as pd
+
+    import dask
+
+    with dask.config.set({"dataframe.convert-string": False}):  # keep the lists as lists
+        df = dd.from_pandas(pd.DataFrame({"tokens": SEQS}), npartitions=3)
+        check(rsd.build(df["tokens"], shards=3, client=client, head=5))
+    strings = dd.from_pandas(pd.DataFrame({"tokens": SEQS}), npartitions=2)
+    if str(strings["tokens"].dtype).startswith(("string", "str")):
+        with pytest.raises(TypeError, match="convert-string"):
+            rsd.build(strings["tokens"], shards=2, client=client)
+    pa = pytest.importorskip("pyarrow")
+    arr = pa.array(SEQS, type=pa.list_(pa.int64()))
+    sc = rsd.build(arr, shards=2, client=client, head=4)
+    check(sc, q=pa.array(QUERIES, type=pa.list_(pa.int64())))
+    b = rs.pack(SEQS)
+    check(rsd.build((b.flat, b.offsets), shards=2, client=client, head=4))
+
+
+def test_insert_batch_equals_one_tree_and_is_all_or_nothing(client):
+    sc = rsd.build(SEQS[:1500], shards=3, client=client, head=4)
+    ref = reference(SEQS[:1500])
+    more = SEQS[1000:] + [[1], [1], [5, 5]]
+    np.testing.assert_array_equal(sc.insert_batch(more), ref.insert_batch(more))
+    check(sc, ref)
+    before = len(sc)
+    for bad, exc in [(more[:5] + [[]], ValueError), ([[1, 2], [3.5]], TypeError)]:
+        with pytest.raises(exc):
+            sc.insert_batch(bad)
+        assert len(sc) == before
+    check(sc, ref)
+
+
+def test_memory_report_sums_the_shards(client):
+    sc = rsd.build(SEQS, shards=3, client=client, head=4)
+    rep = sc.memory_report()
+    b = rs.pack(SEQS)
+    sid = rsd.shard_of(b, 4, 3)
+    for j, shard in enumerate(rep["shards"]):
+        want = reference([SEQS[i] for i in np.flatnonzero(sid == j)])
+        assert shard["tokens_stored"] == want.num_tokens and shard["nodes"] == want.num_nodes
+        assert rep["sequences"][j] == len(want)
+    assert rep["total"]["tokens_stored"] == (sum(s["tokens_stored"] for s in rep["shards"])
+                                             + rep["head"]["tokens_stored"])
+    assert sum(rep["sequences"]) + rep["short_sequences"] == len(REF)
+    assert rep["skew"] >= 1.0
+
+
+def test_a_worker_killed_during_a_lookup_gives_exact_answers(client, monkeypatch):
+    sc = rsd.build(SEQS, shards=4, client=client, head=3)
+    victim = sc._where()[0][0]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    real = rsd.ShardedCache._gather
+    killed = []
+
+    def gather_after_a_kill(self, futures):
+        if not killed:  # the tasks are submitted; the worker holding shard 0 dies
+            os.kill(pid, signal.SIGKILL)
+            killed.append(victim)
+        return real(self, futures)
+
+    monkeypatch.setattr(rsd.ShardedCache, "_gather", gather_after_a_kill)
+    np.testing.assert_array_equal(sc.match_prefix_batch(QUERIES), WANT_MATCH)
+    assert killed
+    monkeypatch.setattr(rsd.ShardedCache, "_gather", real)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts it, at a new address
+    assert victim not in client.scheduler_info()["workers"]
+    check(sc)
+
+
+def test_bad_arguments_raise_and_name_them(client):
+    with pytest.raises(ValueError, match="shards"):
+        rsd.build(SEQS, shards=0, client=client)
+    with pytest.raises(TypeError, match="head"):
+        rsd.build(SEQS, head=1.5, client=client)
+    with pytest.raises(ValueError, match="empty"):
+        rsd.build([[1], []], client=client)
+    sc = rsd.build(SEQS[:10], shards=2, client=client, head=2)
+    with pytest.raises(TypeError, match="dask collections"):
+        sc.exists_batch(db.from_sequence(QUERIES[:10]))
+
+
+def test_without_dask_the_import_says_how_to_install():
+    code = ("import sys; sys.modules['dask'] = None; sys.modules['distributed'] = None\n"
+            "try:\n    import radix_soa.dask\nexcept ImportError as e:\n    print(e)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert "pip install radix-soa[dask]" in out.stdout, out.stderr
