@@ -591,10 +591,69 @@ def section_sglang(repeat):
     sglang_side.run(repeat)
 
 
+def _dask_corpus(n, seed=0):
+    """n sequences of 8..40 tokens as a CSR pair; a third share one of 200
+    12-token openings (a few system prompts), the rest start at random."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(8, 41, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = rng.integers(0, 32000, int(offsets[-1]))
+    openings = rng.integers(0, 32000, (200, 12))
+    shared = np.flatnonzero((np.arange(n) % 3 == 0) & (lengths >= 12))
+    pos = offsets[shared][:, None] + np.arange(12)
+    flat[pos] = openings[rng.integers(0, 200, shared.size)]
+    return flat, offsets
+
+
+def section_dask(repeat):
+    """radix_soa.dask on a 2-worker LocalCluster against one in-process tree."""
+    import radix_soa.dask as rsd
+    from dask.distributed import Client, LocalCluster
+
+    radix_soa.warmup()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        rsd.build([[1, 2, 3]], shards=2, client=client, head=2).exists_batch([[1]])  # warm workers
+        for n in size((10**5, 10**6), (10**4, 10**5)):
+            flat, offsets = _dask_corpus(n)
+            qflat, qoffsets = _dask_corpus(n, seed=1)  # half of the queries are misses
+            queries = radix_soa.pack([flat[offsets[i]:offsets[i + 1] - (i % 2)] if i % 4 else
+                                      qflat[qoffsets[i]:qoffsets[i + 1]] for i in range(n)])
+            print(f"\n[dask] {n:,} sequences, {int(offsets[-1]):,} tokens; {len(queries):,} "
+                  "queries (stored, strict prefixes, misses)")
+            rc = radix_soa.RadixCache()
+            base_build = best_of(lambda tree: tree.insert_batch((flat, offsets)), repeat,
+                                 setup=radix_soa.RadixCache)
+            rc.insert_batch((flat, offsets))
+            base_q = best_of(lambda: rc.match_prefix_batch(queries, parallel=False), repeat)
+            want = rc.match_prefix_batch(queries, parallel=False)
+            for shards, head in ((2, 16), (8, 16)):
+                built = []
+
+                def make():
+                    built[:] = [rsd.build((flat, offsets), shards=shards, client=client,
+                                          head=head)]
+                ours_build = best_of(make, repeat)
+                sc = built[0]
+                ours_q = best_of(lambda: sc.match_prefix_batch(queries), repeat)
+                assert np.array_equal(sc.match_prefix_batch(queries), want)
+                rep = sc.memory_report()
+                tot, one = rep["total"], rc.memory_report()
+                print(f"  shards={shards} head={head}: build {ours_build:.2f} s vs one tree "
+                      f"{base_build:.2f} s = {ours_build / base_build:.1f}x slower; "
+                      f"match_prefix_batch {n / ours_q / 1e3:.0f}k/s vs {n / base_q / 1e3:.0f}k/s "
+                      f"= {ours_q / base_q:.1f}x slower")
+                print(f"    bytes per stored token: {tot['bytes_per_stored_token']:.1f} summed "
+                      f"over shards + head tree (one tree {one['bytes_per_stored_token']:.1f}); "
+                      f"stored tokens {tot['tokens_stored']:,} vs {one['tokens_stored']:,} "
+                      f"(head tree {rep['head']['tokens_stored']:,}); skew {rep['skew']:.2f}")
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
             "memory": section_memory, "replay": section_replay, "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
-            "sglang": section_sglang}
+            "sglang": section_sglang, "dask": section_dask}
 
 
 def main():
