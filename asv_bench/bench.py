@@ -644,10 +644,12 @@ def section_dask(repeat):
                       f"{base_build:.2f} s = {ours_build / base_build:.1f}x slower; "
                       f"match_prefix_batch {n / ours_q / 1e3:.0f}k/s vs {n / base_q / 1e3:.0f}k/s "
                       f"= {ours_q / base_q:.1f}x slower")
-                print(f"    bytes per stored token: {tot['bytes_per_stored_token']:.1f} summed "
-                      f"over shards + head tree (one tree {one['bytes_per_stored_token']:.1f}); "
-                      f"stored tokens {tot['tokens_stored']:,} vs {one['tokens_stored']:,} "
-                      f"(head tree {rep['head']['tokens_stored']:,}); skew {rep['skew']:.2f}")
+                print(f"    bytes per token of the corpus's one tree: "
+                      f"{tot['used_bytes'] / one['tokens_stored']:.1f} summed over shards + head "
+                      f"tree vs {one['bytes_per_stored_token']:.1f} for one tree = "
+                      f"{tot['used_bytes'] / one['used_bytes']:.2f}x the memory; stored tokens "
+                      f"{tot['tokens_stored']:,} vs {one['tokens_stored']:,} (head tree "
+                      f"{rep['head']['tokens_stored']:,}); skew {rep['skew']:.2f}")
 
 
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,

@@ -22,9 +22,12 @@ kept on the client), and shards are skewed when many sequences share their
 first k tokens (a common system prompt longer than k puts all of them on one
 shard).
 
->>> import radix_soa.dask as rsd          # doctest: +SKIP
->>> sc = rsd.build(seqs, shards=8, client=client)   # doctest: +SKIP
->>> sc.match_prefix_batch(queries)         # doctest: +SKIP
+Use (with a ``distributed.Client`` running; tests/test_dask.py and the
+README run it on a LocalCluster)::
+
+    import radix_soa.dask as rsd
+    sc = rsd.build(dask_bag_or_column_or_lists, shards=8, head=16)
+    sc.exists_batch(queries), sc.match_prefix_batch(queries), len(sc)
 """
 
 try:

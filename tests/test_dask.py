@@ -90,6 +90,17 @@ def test_answers_equal_one_tree(client, shards, head):
         assert sc.shard_lengths.sum() == 0
 
 
+def test_heads_short_sequences_and_sequences_of_exactly_k_tokens(client):
+    seqs = [[1, 2, 3, 4, 5], [1, 2], [6, 6, 6, 6], [6, 6, 6, 6, 1], [9]]
+    sc = rsd.build(seqs, shards=3, client=client, head=4)
+    q = [[1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2], [1], [1, 2, 3, 4, 5, 6], [6, 6, 6, 6],
+         [6, 6, 6], [6, 6, 6, 6, 2], [9], [9, 9], [], [2]]
+    assert sc.exists_batch(q).tolist() == [False, True, True, False, False, True,
+                                           False, False, True, False, False, False]
+    assert sc.match_prefix_batch(q).tolist() == [4, 5, 2, 1, 5, 4, 3, 4, 1, 1, 0, 0]
+    assert len(sc) == 5 and sc.memory_report()["short_sequences"] == 2
+
+
 def test_built_from_a_dask_bag_dataframe_arrow_and_csr(client):
     bag = db.from_sequence(SEQS, npartitions=5)
     check(rsd.build(bag, shards=4, client=client, head=3))
@@ -164,6 +175,30 @@ def test_a_worker_killed_during_a_lookup_gives_exact_answers(client, monkeypatch
     check(sc)
 
 
+def test_a_worker_killed_during_an_insert_leaves_it_exact(client, monkeypatch):
+    client.wait_for_workers(2, timeout=60)
+    sc = rsd.build(SEQS[:1500], shards=4, client=client, head=3)
+    ref = reference(SEQS[:1500])
+    victim = sc._where()[1][0]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    real = rsd.ShardedCache._gather
+    killed = []
+
+    def gather_after_a_kill(self, futures):
+        if not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(victim)
+        return real(self, futures)
+
+    monkeypatch.setattr(rsd.ShardedCache, "_gather", gather_after_a_kill)
+    more = SEQS[1000:]
+    np.testing.assert_array_equal(sc.insert_batch(more), ref.insert_batch(more))
+    assert killed
+    monkeypatch.setattr(rsd.ShardedCache, "_gather", real)
+    check(sc, ref)
+    client.wait_for_workers(2, timeout=60)
+
+
 def test_bad_arguments_raise_and_name_them(client):
     with pytest.raises(ValueError, match="shards"):
         rsd.build(SEQS, shards=0, client=client)
@@ -171,6 +206,10 @@ def test_bad_arguments_raise_and_name_them(client):
         rsd.build(SEQS, head=1.5, client=client)
     with pytest.raises(ValueError, match="empty"):
         rsd.build([[1], []], client=client)
+    empty = rsd.build([], shards=2, client=client, head=2)
+    assert len(empty) == 0
+    assert empty.exists_batch([[1], [], [1, 2, 3]]).tolist() == [False] * 3
+    assert empty.match_prefix_batch([[1], [], [1, 2, 3]]).tolist() == [0] * 3
     sc = rsd.build(SEQS[:10], shards=2, client=client, head=2)
     with pytest.raises(TypeError, match="dask collections"):
         sc.exists_batch(db.from_sequence(QUERIES[:10]))
