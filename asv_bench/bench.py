@@ -608,8 +608,12 @@ def _dask_corpus(n, seed=0):
 
 def section_dask(repeat):
     """radix_soa.dask on a 2-worker LocalCluster against one in-process tree."""
-    import radix_soa.dask as rsd
-    from dask.distributed import Client, LocalCluster
+    try:
+        import radix_soa.dask as rsd
+        from dask.distributed import Client, LocalCluster
+    except ImportError as exc:
+        print(f"\n[dask] left out: {exc}")
+        return
 
     radix_soa.warmup()
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
