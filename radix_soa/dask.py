@@ -215,6 +215,15 @@ def _client(client):
                          "first") from None
 
 
+def _near(workers):
+    """Keyword arguments preferring ``workers`` (the ones holding a shard)
+    without requiring them: if they die, the task runs elsewhere. None or
+    empty (a shard being recomputed): no preference."""
+    if not workers:
+        return {}
+    return {"workers": list(workers), "allow_other_workers": True}
+
+
 def _is_dask_collection(obj):
     return dask.is_dask_collection(obj)
 
@@ -270,9 +279,8 @@ class ShardedCache:
         return [sorted(who.get(f.key, ())) for f in self._shards]
 
     def _submit(self, fn, j, *args, where=None):
-        workers = where[j] if where is not None and where[j] else None
-        return self._client.submit(fn, self._shards[j], *args, workers=workers,
-                                   allow_other_workers=True, pure=False)
+        workers = where[j] if where is not None else None
+        return self._client.submit(fn, self._shards[j], *args, pure=False, **_near(workers))
 
     def _gather(self, futures):
         return self._client.gather(futures)
@@ -357,9 +365,8 @@ class ShardedCache:
             if idx.size:
                 flat, offsets = _take(b, idx)
                 pair = self._submit(_insert_copy, j, flat, offsets, where=where)
-                w = where[j] or None
-                shard = self._client.submit(_first, pair, workers=w, allow_other_workers=True)
-                flags = self._client.submit(_second, pair, workers=w, allow_other_workers=True)
+                shard = self._client.submit(_first, pair, pure=False, **_near(where[j]))
+                flags = self._client.submit(_second, pair, pure=False, **_near(where[j]))
                 jobs.append((j, idx, shard, flags))
         results = self._gather([f for *_, f in jobs])
         # every shard succeeded: now the head tree (its own insert is
@@ -440,8 +447,8 @@ def build(seqs, shards=8, client=None, head=16):
         splits = [client.submit(_split, p, head, shards, pure=False) for p in part_f]
         pieces = [[client.submit(_piece, s, j, pure=False) for s in splits]
                   for j in range(shards)]
-        futures = [client.submit(_build_shard, *pieces[j], workers=pin[j],
-                                 allow_other_workers=True, pure=False) for j in range(shards)]
+        futures = [client.submit(_build_shard, *pieces[j], pure=False, **_near(pin[j]))
+                   for j in range(shards)]
         for csr in client.gather([client.submit(_heads_of, s, pure=False) for s in splits]):
             add_heads(csr)
         del part_f, splits, pieces
@@ -452,12 +459,10 @@ def build(seqs, shards=8, client=None, head=16):
         order = np.argsort(sid, kind="stable")
         bounds = np.searchsorted(sid[order], np.arange(-1, shards + 1))
         futures = [client.submit(_build_shard, _take(b, order[bounds[j + 1]:bounds[j + 2]]),
-                                 workers=pin[j], allow_other_workers=True, pure=False)
-                   for j in range(shards)]
+                                 pure=False, **_near(pin[j])) for j in range(shards)]
         if len(b):
             hb = _heads(b, head)
             add_heads((hb.flat, hb.offsets))
-    lengths = np.array(client.gather([client.submit(len, f, workers=pin[j],
-                                                    allow_other_workers=True, pure=False)
+    lengths = np.array(client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
                                       for j, f in enumerate(futures)]), np.int64)
     return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short)
