@@ -259,6 +259,7 @@ class ShardedCache:
 
     @property
     def shards(self):
+        """How many shards (``RadixCache``s on the workers)."""
         return self._n
 
     @property
