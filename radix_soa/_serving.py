@@ -288,8 +288,8 @@ class ServingMixin:
     def finish(self, request, tokens, values):
         """A request is done: cache ``tokens`` (prompt + output, whole pages)
         with their ``values`` (one per token, or for the whole pages only),
-        release its lock and its in-flight reservation. Returns ``Finished(cached, node, free, evicted)``:
-        ``free`` holds the slots the caller must free (duplicates of tokens
+        release its lock and its in-flight reservation. Returns
+        ``Finished(cached, node, free, evicted)``: ``free`` holds the slots the caller must free (duplicates of tokens
         already cached, and the partial last page), ``evicted`` what making
         room freed (free those too). Interrupted, it either happened or did
         not: ``request.steps`` tells, and ``request.result`` is its result."""
