@@ -17,13 +17,13 @@ from .heap import touch
 from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIMIT, LOCK,
                      LOCK_LIMIT, MISMATCH,
                      M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
-                     M_LOOKUPS, M_PRIORITY, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
+                     M_LOOKUPS, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
                      PARENT, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED,
                      R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE,
                      R_RESERVED, R_STEPS, STALE, STAMP, START, TABLE, TOKENS, VALUES)
 from .mutation import split
-from .prefix import (_insert_one, handle_live, lock_fits, path_unlocked, path_values, pc_evict,
-                     pc_lock)
+from .prefix import (handle_live, insert_one_at_priority, lock_fits, path_top, path_unlocked,
+                     path_values, pc_evict, pc_lock)
 from .table import has_room, need_room
 
 
@@ -123,10 +123,7 @@ def _top_lock(T, root, q, n, page, st):
     (the top of the request's locked path, or of the first page's child)."""
     parent = T[PARENT]
     if st[R_LOCKED]:
-        w = st[R_NODE]
-        while parent[parent[w]] >= 0:
-            w = parent[w]
-        return T[LOCK][w]
+        return T[LOCK][path_top(parent, st[R_NODE])]
     if root < 0 or n == 0:
         return 0
     v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], parent, T[TABLE], root, q, 0, page,
@@ -137,18 +134,19 @@ def _top_lock(T, root, q, n, page, st):
 
 @kernel
 def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
-    """The insert of a checkpoint or finish (``_insert_one`` with the
-    request's priority), its outcome recorded in ``st[R_LAST_*]``.
+    """The insert of a checkpoint or finish, for an open request whose lock
+    is held (else ``STALE``), its outcome recorded in ``st[R_LAST_*]``.
     ``MISMATCH``: ``q`` does not start with the request's cached prefix;
     ``LIMIT``: the lock it would move to cannot be taken."""
+    status = _check_request(T, st)
+    if status != DONE:
+        return status
     if n < st[R_CACHED]:
         return MISMATCH
     if _top_lock(T, root, q, n, page, st) >= LOCK_LIMIT:
         return LIMIT
-    T[META][M_PRIORITY] = priority
-    status, cached, node, gen, freed = _insert_one(T, root, ns, q, n, vals, page, cap, out,
-                                                   st[R_CACHED])
-    T[META][M_PRIORITY] = 0
+    status, cached, node, gen, freed = insert_one_at_priority(T, root, ns, q, n, vals, page, cap,
+                                                              out, priority, st[R_CACHED])
     if status == DONE:
         st[R_LAST_FROM] = st[R_CACHED]
         st[R_LAST_CACHED] = cached
@@ -166,9 +164,6 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
     and turn the reservation of the newly cached tokens into cached ones.
     ``ROOM``/``FULL``/``STALE``/``MISMATCH``/``LIMIT``: nothing changed."""
     T = tree_at(D, like)
-    status = _check_request(T, st)
-    if status != DONE:
-        return status
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
     if status != DONE:
         return status
@@ -195,9 +190,6 @@ def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
     """``finish``: insert ``q[:n]`` as ``req_checkpoint`` does, then release
     the request's lock and reservation and close it."""
     T = tree_at(D, like)
-    status = _check_request(T, st)
-    if status != DONE:
-        return status
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
     if status != DONE:
         return status

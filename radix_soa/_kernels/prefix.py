@@ -200,9 +200,16 @@ def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority):
     Returns ``(status, cached, node, generation, freed)``. ``ROOM`` or
     ``FULL``: nothing changed. ``priority``: the request's, for the
     ``priority`` policy (held in meta for the call only)."""
-    T = tree_at(D, like)
+    return insert_one_at_priority(tree_at(D, like), root, ns, q, n, vals, page, cap, out,
+                                  priority)
+
+
+@kernel
+def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, min_cached=0):
+    """``_insert_one`` with ``priority`` held in meta for the call only (the
+    ``priority`` policy reads it)."""
     T[META][M_PRIORITY] = priority
-    result = _insert_one(T, root, ns, q, n, vals, page, cap, out)
+    result = _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached)
     T[META][M_PRIORITY] = 0
     return result
 
@@ -364,11 +371,16 @@ def drop_subtree(D, like, root, order, page, out, keep_root):
 def lock_fits(T, v):
     """True if one more user lock on non-root node ``v`` keeps every count
     within ``LOCK_LIMIT`` (a subtree count is largest at the path's top)."""
-    parent = T[PARENT]
+    return T[LOCK][path_top(T[PARENT], v)] < LOCK_LIMIT and T[OWN][v] < LOCK_LIMIT
+
+
+@kernel
+def path_top(parent, v):
+    """The node of the path root..``v`` just below the root (``v`` non-root)."""
     w = v
     while parent[parent[w]] >= 0:
         w = parent[w]
-    return T[LOCK][w] < LOCK_LIMIT and T[OWN][v] < LOCK_LIMIT
+    return w
 
 
 @kernel
