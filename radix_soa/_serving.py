@@ -23,12 +23,11 @@ from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, RO
                               REQUEST_SIZE, STAT_SLOTS)
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        Finished, InvariantError, Match)
-from ._sequence import as_tokens, check_fits
+from ._sequence import as_tokens
 from ._storage import TreeStorage, roots_and_depths, span_positions
-from ._validate import MAX_SEQUENCE_TOKENS, check_int, check_length
+from ._validate import check_int
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
-_INT64 = np.dtype(np.int64)
 
 
 class Request:
@@ -88,10 +87,7 @@ class Request:
     @property
     def evicted(self):
         """``EvictResult`` of what ``begin`` evicted to make the reservation's room."""
-        freed = int(self._st[R_FREED])
-        if not freed:
-            return NOTHING_EVICTED[self.owner.has_values]
-        return EvictResult(freed, self._evict_out[:freed] if self.owner.has_values else None)
+        return self.owner._evicted(int(self._st[R_FREED]), self._evict_out)
 
     @property
     def steps(self):
@@ -114,8 +110,7 @@ class Request:
         dup = vals[st[R_LAST_FROM]:cached] if has_values else None
         if st[R_PHASE] != FINISHED:  # a checkpoint: duplicates and evicted slots
             return np.concatenate([dup, out[:freed]]) if has_values else None
-        evicted = (NOTHING_EVICTED[has_values] if not freed
-                   else EvictResult(freed, out[:freed] if has_values else None))
+        evicted = self.owner._evicted(freed, out)
         free = None
         if has_values:  # (values for the whole pages only: no partial page to free)
             free = dup.copy() if n == vals.shape[0] else np.concatenate([dup, vals[n:]])
@@ -310,21 +305,9 @@ class ServingMixin:
     def _transition(self, kernel, request, tokens, values):
         """Run ``checkpoint``'s or ``finish``'s kernel: validate everything,
         then one kernel call (resumed after growth); returns the result."""
-        s = self._s
-        if s.readonly:
+        if self._s.readonly:
             self._writable()
-        q = as_tokens(tokens)
-        nq = q.shape[0]
-        if s.narrow:
-            check_fits(q, s.dtype)
-        if nq > MAX_SEQUENCE_TOKENS:
-            check_length(nq)  # raises
-        n = nq - nq % self._page
-        if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
-                and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
-            vals = values  # the common case, checked inline
-        else:
-            vals = self._check_values(values, nq, n)  # every token's, or the whole pages'
+        q, n, vals = self._tokens_and_values(tokens, values)
         vals = vals.copy()  # the result is rebuilt from them: never the caller's array
         with self._lock:
             if self._readers:

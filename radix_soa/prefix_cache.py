@@ -314,12 +314,9 @@ class PrefixCache(ServingMixin, TreeCache):
                 vout = np.empty(b.flat.shape[0] if s.has_values else 0, np.int64)
                 self._match_csr(namespace, b, out, vout, nodes.reshape(-1))
                 parts.append((b, out, nodes, vout))
-            salt = self._salt
+            nodes = np.concatenate([p[2] for p in parts])
+            handles = self._handles(nodes[:, 0], nodes[:, 1])  # with this cache's salt
         lengths = np.concatenate([p[1] for p in parts]) if len(parts) != 1 else parts[0][1]
-        nodes = np.concatenate([p[2] for p in parts])
-        # handles take 64 bits: uint64
-        handles = ((nodes[:, 1].astype(np.uint64) ^ np.uint64(salt)) << np.uint64(_GEN_SHIFT)) \
-            | nodes[:, 0].astype(np.uint64)
         values = None
         if s.has_values:  # each row's matched values, packed
             flat = np.concatenate([vout[span_positions(b.offsets[:-1], out)]
@@ -358,18 +355,7 @@ class PrefixCache(ServingMixin, TreeCache):
             self._check_priority(priority)
         if s.readonly:
             self._writable()
-        q = as_tokens(tokens)
-        nq = q.shape[0]
-        if s.narrow:
-            check_fits(q, s.dtype)
-        if nq > MAX_SEQUENCE_TOKENS:
-            check_length(nq)  # raises
-        n = nq - nq % self._page
-        if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
-                and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
-            vals = values  # the common case, checked inline
-        else:
-            vals = self._check_values(values, nq, n)
+        q, n, vals = self._tokens_and_values(tokens, values)
         out = (np.empty(n, np.int64) if self._capacity is not None and s.has_values
                else _NO_VALUES)
         with self._lock:
@@ -464,6 +450,23 @@ class PrefixCache(ServingMixin, TreeCache):
             cap = max(0, cap - int(self._s.meta[M_INFLIGHT]) + own)
         return cap
 
+    def _tokens_and_values(self, tokens, values):
+        """``(q, n, vals)`` of one request: its tokens as an array, checked
+        against the dtype and the length limit, the tokens in its whole
+        pages, and its values (one per token, or for the whole pages only)."""
+        s = self._s
+        q = as_tokens(tokens)
+        nq = q.shape[0]
+        if s.narrow:
+            check_fits(q, s.dtype)
+        if nq > MAX_SEQUENCE_TOKENS:
+            check_length(nq)  # raises
+        n = nq - nq % self._page
+        if (type(values) is np.ndarray and values.dtype == _INT64 and values.ndim == 1
+                and values.shape[0] == nq and values.flags.c_contiguous and s.has_values):
+            return q, n, values  # the common case, checked inline
+        return q, n, self._check_values(values, nq, n)
+
     @staticmethod
     def _check_priority(priority):
         check_int("priority", priority, minimum=-PRIORITY_OFFSET, maximum=PRIORITY_OFFSET - 1)
@@ -544,6 +547,12 @@ class PrefixCache(ServingMixin, TreeCache):
     # handle of this cache from one of another.
     def _handle(self, v, gen):
         return ((int(gen) ^ self._salt) << _GEN_SHIFT) | int(v)
+
+    def _handles(self, v, gen):
+        """``_handle`` of int64 arrays of ids and generations, as uint64 (a
+        handle takes 64 bits)."""
+        return ((gen.astype(np.uint64) ^ np.uint64(self._salt)) << np.uint64(_GEN_SHIFT)) \
+            | v.astype(np.uint64)
 
     def _handle_of(self, v):
         """The handle of live node ``v``."""

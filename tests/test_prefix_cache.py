@@ -368,6 +368,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.values = values
         self.next_value = 0
 
+    def refused_alike(self, error, call):
+        """The reference refused a call with ``error``: ours must raise it
+        too and change nothing."""
+        before = state(self.pc)
+        with pytest.raises(error):
+            call()
+        assert same_state(before, state(self.pc))
+
     def _vals(self, toks):
         if not self.values:
             return None
@@ -381,10 +389,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         try:
             ref = self.ref.insert(toks, values=vals, namespace=ns, priority=priority)
         except CacheFullError:
-            before = state(self.pc)
-            with pytest.raises(CacheFullError):
-                self.pc.insert(toks, values=vals, namespace=ns, priority=priority)
-            assert same_state(before, state(self.pc))
+            self.refused_alike(CacheFullError, lambda: self.pc.insert(
+                toks, values=vals, namespace=ns, priority=priority))
             return
         ours = self.pc.insert(toks, values=vals, namespace=ns, priority=priority)
         assert ours.cached == ref.cached
@@ -431,10 +437,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         try:
             self.ref.unlock(ref)
         except ValueError:
-            before = state(self.pc)
-            with pytest.raises(ValueError):
-                self.pc.unlock(ours)
-            assert same_state(before, state(self.pc))
+            self.refused_alike(ValueError, lambda: self.pc.unlock(ours))
             return
         self.pc.unlock(ours)
 
@@ -452,10 +455,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         try:
             ref = self.ref.begin(toks, namespace=ns, reserve=reserve, priority=priority)
         except CacheFullError:
-            before = state(self.pc)
-            with pytest.raises(CacheFullError):
-                self.pc.begin(toks, namespace=ns, reserve=reserve, priority=priority)
-            assert same_state(before, state(self.pc))
+            self.refused_alike(CacheFullError, lambda: self.pc.begin(
+                toks, namespace=ns, reserve=reserve, priority=priority))
             return
         ours = self.pc.begin(toks, namespace=ns, reserve=reserve, priority=priority)
         assert (ours.cached, ours.reserved) == (ref.cached, ref.reserved)
@@ -476,10 +477,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         try:
             want = getattr(self.ref, name)(ref, toks, vals)
         except (CacheFullError, ValueError) as exc:
-            before = state(self.pc)
-            with pytest.raises(type(exc)):
-                getattr(self.pc, name)(ours, toks, vals)
-            assert same_state(before, state(self.pc)) and ours.open
+            self.refused_alike(type(exc), lambda: getattr(self.pc, name)(ours, toks, vals))
+            assert ours.open
             return
         got = getattr(self.pc, name)(ours, toks, vals)
         if name == "finish":
