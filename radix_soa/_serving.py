@@ -24,7 +24,7 @@ from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, RO
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        Finished, InvariantError, Match)
 from ._sequence import as_tokens
-from ._storage import TreeStorage, roots_and_depths, span_positions
+from ._storage import roots_and_depths, span_positions
 from ._validate import check_int
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
@@ -229,7 +229,8 @@ class ServingMixin:
             if self._readers:
                 self._drain_readers()
             s = self._s  # under the lock: a reset() may have replaced it
-            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            key = 0 if namespace is None else namespace  # None: the default namespace
+            root = self._roots.get(key, -1) if type(key) is int else -1
             if root < 0:
                 root, _ = self._root(namespace, create=False)
             known = root >= 0
@@ -316,7 +317,8 @@ class ServingMixin:
             self._check_open(request)
             priority = request.priority
             namespace = request.namespace
-            root = self._roots.get(namespace, -1) if type(namespace) is int else -1
+            key = 0 if namespace is None else namespace  # None: the default namespace
+            root = self._roots.get(key, -1) if type(key) is int else -1
             ns = 0
             if root < 0:
                 root, ns = self._root(namespace)
@@ -395,8 +397,7 @@ class ServingMixin:
             if self._readers:
                 self._drain_readers()
             s = self._s
-            fresh = TreeStorage(s.dtype, values=s.has_values, track=True, page_size=s.page_size)
-            fresh.meta[M_POLICY] = s.meta[M_POLICY]
+            fresh = self._new_storage(s.dtype, s.has_values, s.page_size, s.meta[M_POLICY])
             # one update of existing keys (a single C call): no interrupt can
             # leave the cache half reset
             self.__dict__.update({
