@@ -77,7 +77,8 @@ def state_of(obj):
     return header, arrays
 
 
-def _header_crc(header):
+def header_crc(header):
+    """CRC-32 of a header without its own ``header_crc32``."""
     body = {k: v for k, v in header.items() if k != "header_crc32"}
     return zlib.crc32(json.dumps(body, sort_keys=True).encode()) & 0xFFFFFFFF
 
@@ -121,6 +122,30 @@ def _recover(path, parent, base):
 
 
 def save(obj, path):
+    header, arrays = state_of(obj)
+    header["header_crc32"] = header_crc(header)
+
+    def fill(tmp):
+        for name, arr in arrays.items():
+            np.save(os.path.join(tmp, name + ".npy"), np.ascontiguousarray(arr))
+        write_header(os.path.join(tmp, HEADER), header)
+
+    write_atomically(path, fill)
+
+
+def write_header(path, header):
+    """``header`` as JSON at ``path``, flushed to the disk."""
+    with open(path, "w") as f:
+        json.dump(header, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomically(path, fill):
+    """Make directory ``path`` what ``fill(tmp)`` writes into a fresh
+    temporary sibling ``tmp``, or leave it as it was: a target that exists
+    must be a saved radix_soa directory (or empty) and is replaced only
+    once ``fill`` returned; on any failure the old one is put back."""
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path) or "."
     base = os.path.basename(path)
@@ -132,17 +157,10 @@ def save(obj, path):
                           and (is_saved_tree(path) or not os.listdir(path))):
         raise FileExistsError(f"{path} exists and is not a saved radix_soa tree; "
                               "refusing to replace it")
-    header, arrays = state_of(obj)
-    header["header_crc32"] = _header_crc(header)
     tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
     old = None
     try:
-        for name, arr in arrays.items():
-            np.save(os.path.join(tmp, name + ".npy"), np.ascontiguousarray(arr))
-        with open(os.path.join(tmp, HEADER), "w") as f:
-            json.dump(header, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        fill(tmp)
         if replacing:
             old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
             os.rename(path, os.path.join(old, "tree"))
@@ -163,6 +181,16 @@ def _fail(path, message):
 
 
 def read_header(path, cls):
+    header = read_checked_header(path)
+    if header.get("class") != cls.__name__:
+        _fail(path, f"holds a {header.get('class')}, not a {cls.__name__}")
+    return _check_tree_header(path, header, cls)
+
+
+def read_checked_header(path):
+    """The header of directory ``path`` once its JSON, format, version and
+    checksum are checked (``TreeFormatError`` otherwise; ``FileNotFoundError``
+    when there is no directory)."""
     hpath = os.path.join(path, HEADER)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no saved tree at {path}")
@@ -177,10 +205,12 @@ def read_header(path, cls):
         _fail(path, "not a saved radix_soa tree (foreign header)")
     if header.get("version") not in READABLE_VERSIONS:
         _fail(path, f"format version {header.get('version')!r} is not supported (this is {VERSION})")
-    if header["version"] >= 2 and header.get("header_crc32") != _header_crc(header):
+    if header["version"] >= 2 and header.get("header_crc32") != header_crc(header):
         _fail(path, f"{HEADER} is corrupted (checksum mismatch)")
-    if header.get("class") != cls.__name__:
-        _fail(path, f"holds a {header.get('class')}, not a {cls.__name__}")
+    return header
+
+
+def _check_tree_header(path, header, cls):
     try:
         dt = token_dtype(header["dtype"])
     except (KeyError, TypeError):

@@ -75,8 +75,8 @@ def test_memory_report_counts_are_data():
 def write_header(path, header):
     """Write an edited header with its checksum recomputed (an edit the
     checksum cannot see)."""
-    from radix_soa._persist import _header_crc
-    header["header_crc32"] = _header_crc(header)
+    from radix_soa._persist import header_crc
+    header["header_crc32"] = header_crc(header)
     (path / "header.json").write_text(json.dumps(header))
 
 

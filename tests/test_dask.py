@@ -212,7 +212,7 @@ def test_bad_arguments_raise_and_name_them(client):
     assert empty.match_prefix_batch([[1], [], [1, 2, 3]]).tolist() == [0] * 3
     sc = rsd.build(SEQS[:10], shards=2, client=client, head=2)
     with pytest.raises(TypeError, match="dask collections"):
-        sc.exists_batch(db.from_sequence(QUERIES[:10]))
+        sc.insert_batch(db.from_sequence(QUERIES[:10]))
 
 
 def test_without_dask_the_import_says_how_to_install():
@@ -222,3 +222,102 @@ def test_without_dask_the_import_says_how_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert "pip install radix-soa[dask]" in out.stdout, out.stderr
+
+
+def test_dask_collections_as_queries_give_dask_arrays(client):
+    import dask.array as da
+
+    sc = rsd.build(SEQS, shards=3, client=client, head=4)
+    bag = db.from_sequence([[int(t) for t in q] for q in QUERIES], npartitions=5)
+    got = sc.exists_batch(bag)
+    assert isinstance(got, da.Array) and got.numblocks == (bag.npartitions,)
+    np.testing.assert_array_equal(got.compute(), WANT_EXISTS)
+    np.testing.assert_array_equal(sc.match_prefix_batch(bag).compute(), WANT_MATCH)
+
+
+def test_saved_and_loaded_by_the_workers(client, tmp_path):
+    sc = rsd.build(SEQS, shards=3, client=client, head=4)
+    sc.save(tmp_path / "tree")
+    assert sorted(os.listdir(tmp_path)) == ["tree"]  # no temporary left beside it
+    for mmap in (False, True):
+        back = rsd.load(tmp_path / "tree", mmap=mmap, client=client)
+        assert (back.shards, back.head) == (3, 4)
+        np.testing.assert_array_equal(back.shard_lengths, sc.shard_lengths)
+        check(back)
+    more = [[5, 5, 5, 5, 5], [1], [7, 7, 7, 7, 7, 0]]
+    ref = reference(SEQS)
+    np.testing.assert_array_equal(back.insert_batch(more), ref.insert_batch(more))  # on copies
+    check(back, ref)
+    back.save(tmp_path / "tree")  # replaces its own directory
+    check(rsd.load(tmp_path / "tree", client=client), ref)
+
+
+def test_saving_never_replaces_what_it_did_not_write(client, tmp_path):
+    sc = rsd.build(SEQS[:100], shards=2, client=client, head=2)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        sc.save(other)
+    assert os.listdir(other) == ["keep.txt"]
+
+
+def test_a_damaged_directory_is_refused(client, tmp_path):
+    import json
+    import shutil
+
+    sc = rsd.build(SEQS[:300], shards=2, client=client, head=2)
+    sc.save(tmp_path / "t")
+    header = tmp_path / "t" / "header.json"
+    good = header.read_text()
+    header.write_text(good.replace('"shards": 2', '"shards": 3'))
+    with pytest.raises(rs.TreeFormatError, match="checksum"):
+        rsd.load(tmp_path / "t", client=client)
+    h = json.loads(good)
+    h["sequences"][0] += 1
+    from radix_soa._persist import header_crc
+    h["header_crc32"] = header_crc(h)
+    header.write_text(json.dumps(h))
+    with pytest.raises(rs.TreeFormatError, match="shard 0 holds"):
+        rsd.load(tmp_path / "t", client=client)
+    header.write_text(good)
+    shutil.rmtree(tmp_path / "t" / "shard-00001")
+    with pytest.raises(rs.TreeFormatError, match="shard 1 is missing"):
+        rsd.load(tmp_path / "t", client=client)
+    with pytest.raises(rs.TreeFormatError, match="not a ShardedCache"):
+        rsd.load(tmp_path / "t" / "head", client=client)
+
+
+def _rows(sweep):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in sweep.rows]
+
+
+def test_sweeps_equal_rs_sweep(client):
+    trace = rs.workloads.generate("multi_turn", n=40)
+    other = rs.workloads.generate("few_shot", n=60)
+    caps = [None, 2000, 500]
+    want = rs.sweep(trace, caps, threads=1, page_size=2)
+    done = []
+    got = rsd.sweep(trace, caps, client=client, page_size=2, progress=done.append)
+    assert _rows(got) == _rows(want) and done == [1, 2, 3]
+    np.testing.assert_array_equal(got.results[1].hits, want.results[1].hits)
+    many = rsd.sweep_many({"a": trace, "b": other}, caps, schedules=["fcfs", "lpm"],
+                          client=client)
+    assert list(many) == [("a", "fcfs"), ("a", "lpm"), ("b", "fcfs"), ("b", "lpm")]
+    for (name, schedule), res in many.items():
+        tr = trace if name == "a" else other
+        assert _rows(res) == _rows(rs.sweep(tr, caps, threads=1, schedule=schedule))
+
+
+def test_sweep_arguments_are_checked_before_any_task(client):
+    trace = rs.workloads.generate("multi_turn", n=5)
+    with pytest.raises(ValueError, match="capacities"):
+        rsd.sweep(trace, [], client=client)
+    with pytest.raises(ValueError, match="capacities"):
+        rsd.sweep(trace, [10, -1], client=client)
+    with pytest.raises(ValueError, match="schedule"):
+        rsd.sweep_many({"a": trace}, [10], schedules=["nope"], client=client)
+    with pytest.raises(ValueError, match="page_size"):
+        rsd.sweep(trace, [10], client=client, page_size=0)
+    with pytest.raises(TypeError, match="traces"):
+        rsd.sweep_many([trace], [10], client=client)

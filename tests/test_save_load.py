@@ -32,7 +32,7 @@ def read_header(path):
 
 
 def write_header(path, header):
-    header["header_crc32"] = _persist._header_crc(header)
+    header["header_crc32"] = _persist.header_crc(header)
     (path / "header.json").write_text(json.dumps(header))
 
 

@@ -1,51 +1,19 @@
-"""A set of sequences sharded over a Dask cluster: ``build`` and ``ShardedCache``.
+"""The sharded set itself: routing by a hash of the head, the worker-side
+tasks, ``ShardedCache`` and ``build`` (see ``radix_soa.dask``)."""
 
-Optional: ``pip install radix-soa[dask]`` (``dask[distributed]``).
-
-How it stays exact. Every sequence ``s`` of at least ``head`` (k) tokens is
-stored whole on shard ``hash(s[:k]) % shards``. A head tree (one
-``RadixCache`` on the client) holds ``s[:k]`` of every stored sequence, so
-sequences shorter than k are stored whole in it (and on no shard). For a
-query ``q``, with ``h`` the head tree's longest match of ``q``:
-
-- if ``h < k``, no stored sequence shares k tokens with ``q``, so the global
-  longest match is ``h`` and ``q`` is stored only if it is shorter than k and
-  a head-tree sequence (its terminals shorter than k are exactly the short
-  stored sequences);
-- if ``h == k``, every stored sequence sharing ``q[:k]`` lives on shard
-  ``hash(q[:k])``, which answers both questions alone.
-
-So only queries whose first k tokens are a stored head travel, each to one
-shard; results come back in input order. Costs: the head tree holds at most
-k tokens per distinct head (up to n * k tokens when heads are all distinct,
-kept on the client), and shards are skewed when many sequences share their
-first k tokens (a common system prompt longer than k puts all of them on one
-shard).
-
-Use (with a ``distributed.Client`` running; tests/test_dask.py and the
-README run it on a LocalCluster)::
-
-    import radix_soa.dask as rsd
-    sc = rsd.build(dask_bag_or_column_or_lists, shards=8, head=16)
-    sc.exists_batch(queries), sc.match_prefix_batch(queries), len(sc)
-"""
-
-try:
-    import dask
-    import distributed
-except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError("radix_soa.dask needs dask.distributed: pip install radix-soa[dask] "
-                      f"(or pip install 'dask[distributed]'); {exc}") from None
-
+import os
 import pickle
 
+import dask
+import distributed
 import numpy as np
 
-from ._validate import check_int, check_length
-from .batch import Batch, pack_one
-from .radix_cache import RadixCache
+from .._validate import check_int, check_length
+from ..batch import Batch, pack_one
+from ..radix_cache import RadixCache
+from . import _store
 
-__all__ = ["build", "ShardedCache", "shard_of"]
+__all__ = ["build", "load", "ShardedCache", "shard_of"]
 
 _INT64 = np.dtype(np.int64)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -215,6 +183,14 @@ def _client(client):
                          "first") from None
 
 
+def _workers(client, shards):
+    """The worker each shard is placed on: round-robin over the cluster."""
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        raise ValueError("the dask cluster has no workers")
+    return [[workers[j % len(workers)]] for j in range(shards)]
+
+
 def _near(workers):
     """Keyword arguments preferring ``workers`` (the ones holding a shard)
     without requiring them: if they die, the task runs elsewhere. None or
@@ -288,10 +264,6 @@ class ShardedCache:
 
     # ------------------------------------------------------------ queries
     def _route(self, queries):
-        if _is_dask_collection(queries):
-            raise TypeError("queries must be in memory (a list, NumPy CSR pair, Batch or "
-                            "Arrow array); dask collections are not supported yet: compute "
-                            "them first")
         b = pack_one(queries)
         h = self._head.match_prefix_batch(b, parallel=False)
         far = np.flatnonzero(h == self._k)
@@ -318,12 +290,34 @@ class ShardedCache:
             out[idx] = res
         return out
 
+    def _per_partition(self, queries, answer):
+        """``answer(batch)`` of each partition of a dask collection, as a
+        dask array chunked like the partitions. The partitions are computed
+        on the workers and answered one at a time (the client holds one
+        partition of queries, and every answer: 1 or 8 bytes per query)."""
+        import dask.array as da
+
+        if not hasattr(queries, "to_delayed"):
+            raise TypeError(f"queries: a dask bag or dataframe column; got "
+                            f"{type(queries).__name__}")
+        parts = list(np.ravel(np.asarray(queries.to_delayed(), dtype=object)))
+        outs = []
+        for f in self._client.compute(parts):
+            outs.append(answer(_partition_batch(f.result())))
+            f.release()
+        flat = np.concatenate(outs) if outs else np.empty(0, np.int64)
+        return da.from_array(flat, chunks=(tuple(o.shape[0] for o in outs),))
+
     def exists_batch(self, queries):
         """``exists`` for every query, as a bool array, exactly as one
         ``RadixCache`` holding every sequence would answer.
 
-        ``queries``: anything ``RadixCache.exists_batch`` takes.
+        ``queries``: anything ``RadixCache.exists_batch`` takes, or a dask
+        bag / dataframe column of sequences (then a dask array, chunked like
+        its partitions, computed already).
         """
+        if _is_dask_collection(queries):
+            return self._per_partition(queries, self.exists_batch)
         b, h, far, sid = self._route(queries)
         out = np.zeros(len(b), np.bool_)
         short = np.flatnonzero(b.lengths < self._k)
@@ -333,7 +327,10 @@ class ShardedCache:
 
     def match_prefix_batch(self, queries):
         """Longest stored prefix of every query (int64 array), exactly as one
-        ``RadixCache`` holding every sequence would answer."""
+        ``RadixCache`` holding every sequence would answer (``queries`` as
+        for ``exists_batch``)."""
+        if _is_dask_collection(queries):
+            return self._per_partition(queries, self.match_prefix_batch)
         b, h, far, sid = self._route(queries)
         return self._ask(b, far, sid, "match", h.astype(np.int64, copy=True))
 
@@ -386,6 +383,14 @@ class ShardedCache:
         self._shards, self._lengths, self._head, self._n_short = shards, lengths, head, n_short
         return new
 
+    # ------------------------------------------------------------ persistence
+    def save(self, path):
+        """Write every shard (each by its worker), the head tree and a header
+        into directory ``path``, as a whole: see ``radix_soa.dask._store``;
+        ``radix_soa.dask.load`` reads it back. ``path`` must be on a
+        filesystem the client and every worker share."""
+        _store.save(self, path)
+
     # ------------------------------------------------------------ reports
     def memory_report(self):
         """Bytes per shard (each shard's ``RadixCache.memory_report()``,
@@ -423,10 +428,7 @@ def build(seqs, shards=8, client=None, head=16):
     shards = check_int("shards", shards, minimum=1, maximum=1 << 20)
     head = check_int("head", head, minimum=1, maximum=1 << 20)
     client = _client(client)
-    workers = sorted(client.scheduler_info()["workers"])
-    if not workers:
-        raise ValueError("the dask cluster has no workers")
-    pin = [[workers[j % len(workers)]] for j in range(shards)]
+    pin = _workers(client, shards)
     head_tree = RadixCache()
     n_short = 0
 
@@ -467,3 +469,25 @@ def build(seqs, shards=8, client=None, head=16):
     lengths = np.array(client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
                                       for j, f in enumerate(futures)]), np.int64)
     return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short)
+
+
+def load(path, mmap=False, client=None):
+    """A ``ShardedCache`` written by ``ShardedCache.save``, each shard loaded
+    by the worker that will hold it (``mmap=True``: mapped read-only there,
+    as ``RadixCache.load(mmap=True)``; ``insert_batch`` still works, on
+    copies). The head tree is loaded by the client. A truncated, corrupted
+    or foreign directory raises ``TreeFormatError``; a lost worker reloads
+    its shard from the directory (so keep it while the cache is used).
+    """
+    client = _client(client)
+    path = os.path.abspath(os.fspath(path))
+    header, head = _store.checked_header(path, mmap)
+    k, n = header["head"], header["shards"]
+    pin = _workers(client, n)
+    futures = [client.submit(_store.load_shard, _store.shard_dir(path, j), mmap, pure=False,
+                             **_near(pin[j])) for j in range(n)]
+    counts = client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
+                            for j, f in enumerate(futures)])
+    _store.check_counts(path, header, counts)
+    return ShardedCache(client, k, n, futures, np.array(counts, np.int64), head,
+                        header["short_sequences"])

@@ -1,0 +1,80 @@
+"""Replay sweeps on a Dask cluster: one replay per task, the tables of
+``rs.sweep``."""
+
+import functools
+
+import distributed
+
+from .._validate import check_int
+from ..studies.replay import SCHEDULES, SweepResult, _as_trace, replay
+from ..studies.traces import Trace
+from ._sharded import _client
+
+
+def _capacities(capacities):
+    caps = list(capacities)
+    if not caps:
+        raise ValueError("capacities is empty")
+    return [None if c is None else check_int("capacities", c, minimum=0) for c in caps]
+
+
+def _run(client, jobs, progress):
+    """Gather the futures of ``jobs`` (a list), calling ``progress(done)``
+    as each finishes; results in the order of ``jobs``."""
+    if progress is not None:
+        for done, _ in enumerate(distributed.as_completed(jobs), 1):
+            progress(done)
+    return client.gather(jobs)
+
+
+def sweep(trace, capacities, *, client=None, progress=None, **kwargs):
+    """``rs.sweep`` on a Dask cluster: one ``replay`` per capacity, each a
+    task (the trace is sent to the workers once). ``kwargs`` as for
+    ``replay``; ``progress`` is called with the number of replays done.
+    Returns the same ``SweepResult`` as ``rs.sweep`` (equal in everything
+    but ``seconds``).
+    """
+    return sweep_many({None: trace}, capacities, client=client, progress=progress,
+                      **kwargs)[None, kwargs.get("schedule", "fcfs")]
+
+
+def sweep_many(traces, capacities, *, schedules=None, client=None, progress=None, **kwargs):
+    """``rs.sweep`` of several traces, each under several ``schedules``,
+    all as tasks at once: a dict ``{(name, schedule): SweepResult}`` in the
+    order of ``traces`` then ``schedules``.
+
+    ``traces``: a dict from a name to a trace (anything ``replay`` takes).
+    ``schedules``: a list of ``replay``'s schedules (default: the
+    ``schedule`` of ``kwargs``, else ``"fcfs"``). Every argument is checked
+    before any task starts.
+    """
+    if not isinstance(traces, dict) or not traces:
+        raise TypeError("traces must be a non-empty dict from a name to a trace")
+    if schedules is None:
+        schedules = [kwargs.pop("schedule", "fcfs")]
+    elif "schedule" in kwargs:
+        raise TypeError("pass schedules= or schedule=, not both")
+    schedules = list(schedules)
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"schedules: each must be one of {sorted(SCHEDULES)}; got {s!r}")
+    caps = _capacities(capacities)
+    prepared = {name: _as_trace(t) for name, t in traces.items()}
+    # the other arguments, checked here by a replay of one short request
+    replay(Trace.from_sequences([[0]]), capacity=caps[0], schedule=schedules[0], **kwargs)
+    client = _client(client)
+    # hash=False: a trace scattered by an earlier sweep under the same content
+    # key may be released by the scheduler while this one uses it
+    sent = dict(zip(prepared, client.scatter(list(prepared.values()), broadcast=True, hash=False)))
+    keys, jobs = [], []
+    for name, trace in sent.items():
+        for schedule in schedules:
+            for cap in caps:
+                one = functools.partial(replay, capacity=cap, schedule=schedule, **kwargs)
+                keys.append((name, schedule))
+                jobs.append(client.submit(one, trace, pure=False))
+    results = _run(client, jobs, progress)
+    out = {}
+    for key, r in zip(keys, results):
+        out.setdefault(key, []).append(r)
+    return {key: SweepResult(rs) for key, rs in out.items()}
