@@ -240,3 +240,53 @@ def test_prefix_batch_reads_beside_eviction():
     assert pc.total_tokens <= capacity
     assert np.array_equal(pc.match_length_batch(qs, parallel=False),
                           [pc.match_length(q) for q in qs])
+
+
+class _ResetOnEnter:
+    """The cache's lock, with ``reset()`` run just before the next
+    acquisition: what another thread's reset between a call's first read of
+    the storage and its lock does."""
+
+    def __init__(self, pc):
+        self.real, self.pc, self.armed = pc._lock, pc, False
+
+    def __enter__(self):
+        if self.armed:
+            self.armed = False
+            with self.real:
+                self.pc.reset()
+        return self.real.__enter__()
+
+    def __exit__(self, *exc):
+        return self.real.__exit__(*exc)
+
+
+WRITES = {
+    "insert": lambda pc: pc.insert([1, 2, 9], values=[7, 8, 9]),
+    "insert_batch": lambda pc: pc.insert_batch([[1, 2, 9]], values=[[7, 8, 9]]),
+    "match": lambda pc: pc.match([1, 2, 3]),
+    "match_batch": lambda pc: pc.match_batch([[1, 2, 3]], with_values=True),
+    "begin": lambda pc: pc.begin([1, 2, 3]),
+    "evict": lambda pc: pc.evict(2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_a_reset_before_the_lock_is_taken_leaves_no_write_in_the_old_arrays(name):
+    pc = PrefixCache(capacity=100)
+    pc.insert([1, 2, 3, 4], values=[1, 2, 3, 4])
+    old = pc._s
+    before = {k: v.copy() for k, v in old.tree._asdict().items()}
+    hook = _ResetOnEnter(pc)
+    pc._lock = hook
+    hook.armed = True
+    WRITES[name](pc)
+    assert pc._s is not old
+    for k, v in old.tree._asdict().items():  # the discarded arrays are untouched
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    pc._lock = hook.real
+    pc.check_invariants()
+    if name.startswith("insert"):  # the write went to the fresh cache
+        assert pc.match_length([1, 2, 9]) == 3 and pc.total_tokens == 3
+    else:
+        assert pc.total_tokens == 0 and pc.stats["lookups"] == (name != "evict")
