@@ -96,7 +96,7 @@ class Batch:
         return (isinstance(other, Batch) and np.array_equal(self.offsets, other.offsets)
                 and np.array_equal(self.flat, other.flat))
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable: equality compares contents
 
 
 def _flat_array(flat):

@@ -33,9 +33,10 @@ meta       int64   counters, indexed by the ``M_*`` slots
 
 from collections import namedtuple
 
-TREE_FIELDS = ("tokens", "values", "start", "length", "parent", "nchild", "cxor", "term",
-               "table", "lock", "stamp", "hpos", "heap", "gen", "own", "meta")
-Tree = namedtuple("Tree", TREE_FIELDS)
+Tree = namedtuple("Tree", ["tokens", "values", "start", "length", "parent", "nchild", "cxor",
+                           "term", "table", "lock", "stamp", "hpos", "heap", "gen", "own",
+                           "meta"])
+TREE_FIELDS = Tree._fields
 (TOKENS, VALUES, START, LENGTH, PARENT, NCHILD, CXOR, TERM, TABLE, LOCK, STAMP, HPOS, HEAP,
  GEN, OWN, META) = range(len(TREE_FIELDS))
 

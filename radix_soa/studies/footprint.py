@@ -243,7 +243,7 @@ def _agree(what, value, other, expected):
         raise AssertionError(f"{what} = {value} but {other} = {expected}")
 
 
-_WARM = set()
+_WARM: set = set()
 
 
 def _warm(dts):

@@ -17,6 +17,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class ReplayResult:
     order: np.ndarray = field(repr=False)
     prefill_tokens_hit: int = 0
     warmup: float = 0.0
-    scored_requests: int = None
+    scored_requests: Optional[int] = None
 
     def __post_init__(self):
         if self.scored_requests is None:
