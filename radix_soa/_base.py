@@ -18,16 +18,19 @@ at some instant during the call.
 
 import os
 import threading
+from typing import Any, Dict, Type, TypeVar, Union
 
 from . import _persist
 from ._results import ReadOnlyTreeError, TreeFormatError
 
 
+C = TypeVar("C", bound="TreeCache")
+
 class TreeCache:
     """Base of the cache classes; subclasses set ``self._s`` and implement
     ``_extra_state`` / ``_restore_state`` for what lives outside the arrays."""
 
-    _s = None
+    _s: Any = None  # the TreeStorage
 
     def _init_lock(self):
         self._lock = threading.RLock()
@@ -74,7 +77,7 @@ class TreeCache:
         return result
 
     # ------------------------------------------------------------ memory
-    def memory_report(self):
+    def memory_report(self) -> Dict[str, Any]:
         """Bytes the index costs, exact for its arrays.
 
         Keys: ``total_bytes`` (allocated), ``used_bytes`` (up to high-water
@@ -88,7 +91,7 @@ class TreeCache:
         with self._lock:
             return self._s.memory_report()
 
-    def compact(self, headroom=0.25):
+    def compact(self, headroom: float = 0.25) -> None:
         """Reclaim dead token runs (left by removes, merges and evictions) and
         slack: every array shrinks to what is used plus ``headroom`` (a
         fraction; 0 for the leanest tree, e.g. before saving or measuring).
@@ -103,7 +106,7 @@ class TreeCache:
 
     # ------------------------------------------------------------ persistence
     @property
-    def read_only(self):
+    def read_only(self) -> bool:
         """True for a tree loaded with ``mmap=True``."""
         return self._s.readonly
 
@@ -113,14 +116,14 @@ class TreeCache:
                 f"this {type(self).__name__} is memory-mapped read-only; load it with "
                 "mmap=False to change it")
 
-    def save(self, path):
+    def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the tree to directory ``path`` (``.npy`` files + a JSON
         header), atomically: the directory appears complete or not at all."""
         with self._lock:  # writers wait: the saved arrays are one instant's
             _persist.save(self, path)
 
     @classmethod
-    def load(cls, path, mmap=False):
+    def load(cls: Type[C], path: Union[str, os.PathLike], mmap: bool = False) -> C:
         """Read a tree written by ``save``.
 
         ``mmap=False`` copies it into memory (mutable). ``mmap=True`` maps the

@@ -8,40 +8,66 @@ name the product; the pure-Python baselines return the same types.
 (3, 'radix_soa._results')
 """
 
-from collections import namedtuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 __all__ = ["Match", "BatchMatch", "InsertResult", "EvictResult", "Finished", "CacheFullError", "InvariantError",
            "ReadOnlyTreeError", "TreeFormatError", "STATS"]
 
-InsertResult = namedtuple("InsertResult", ["cached", "node", "evicted"], defaults=(None,))
-InsertResult.__doc__ = """Result of ``insert``: ``cached`` page-aligned tokens were already
-present; ``node`` is the handle of the node the inserted sequence ends at;
-``evicted`` is the ``EvictResult`` of what making room under the capacity
-freed (the caller frees those KV slots)."""
+class EvictResult(NamedTuple):
+    """Result of ``evict``: ``num_tokens`` freed and their ``values`` in
+    eviction order (int64 array, or ``None`` for a cache without values)."""
 
-Match = namedtuple("Match", ["length", "node", "values"])
-Match.__doc__ = """Result of ``match``: the page-aligned ``length`` of the longest cached
-prefix, the ``node`` ending exactly there (the namespace root when 0), and
-the prefix's ``values`` (int64 array, or ``None`` for a cache without values)."""
+    num_tokens: int
+    values: Optional[np.ndarray]
 
-BatchMatch = namedtuple("BatchMatch", ["lengths", "nodes", "values"])
-BatchMatch.__doc__ = """Result of ``PrefixCache.match_batch(..., with_values=True)``: per
-request the match ``lengths`` (int64) and the ``nodes`` (handles, uint64:
-they take 64 bits) as ``match`` returns them, and the matched ``values`` as a ``Batch`` (row i:
-request i's ``length`` values; ``None`` for a cache without values)."""
 
-Finished = namedtuple("Finished", ["cached", "node", "free", "evicted"])
-Finished.__doc__ = """Result of ``PrefixCache.finish``: ``cached`` leading tokens were in the
-cache already, ``node`` is where the request now ends in the tree, ``free``
-the request's slots the caller must free (duplicates of tokens cached first
-by another request, and the partial last page), ``evicted`` the
-``EvictResult`` of making room (free those slots too)."""
+class InsertResult(NamedTuple):
+    """Result of ``insert``: ``cached`` page-aligned tokens were already
+    present; ``node`` is the handle of the node the inserted sequence ends at;
+    ``evicted`` is the ``EvictResult`` of what making room under the capacity
+    freed (the caller frees those KV slots)."""
 
-EvictResult = namedtuple("EvictResult", ["num_tokens", "values"])
-EvictResult.__doc__ = """Result of ``evict``: ``num_tokens`` freed and their ``values`` in
-eviction order (int64 array, or ``None`` for a cache without values)."""
+    cached: int
+    node: int
+    evicted: Optional[EvictResult] = None
+
+
+class Match(NamedTuple):
+    """Result of ``match``: the page-aligned ``length`` of the longest cached
+    prefix, the ``node`` ending exactly there (the namespace root when 0), and
+    the prefix's ``values`` (int64 array, or ``None`` for a cache without values)."""
+
+    length: int
+    node: int
+    values: Optional[np.ndarray]
+
+
+class BatchMatch(NamedTuple):
+    """Result of ``PrefixCache.match_batch(..., with_values=True)``: per
+    request the match ``lengths`` (int64) and the ``nodes`` (handles, uint64:
+    they take 64 bits) as ``match`` returns them, and the matched ``values`` as
+    a ``Batch`` (row i: request i's ``length`` values; ``None`` for a cache
+    without values)."""
+
+    lengths: np.ndarray
+    nodes: np.ndarray
+    values: Any  # a radix_soa.batch.Batch (a higher layer) or None
+
+
+class Finished(NamedTuple):
+    """Result of ``PrefixCache.finish``: ``cached`` leading tokens were in the
+    cache already, ``node`` is where the request now ends in the tree, ``free``
+    the request's slots the caller must free (duplicates of tokens cached first
+    by another request, and the partial last page), ``evicted`` the
+    ``EvictResult`` of making room (free those slots too)."""
+
+    cached: int
+    node: int
+    free: Optional[np.ndarray]
+    evicted: EvictResult
+
 
 # shared empty results: a read-only empty array can be handed to every caller
 NO_VALUES_MATCHED = np.empty(0, np.int64)

@@ -15,11 +15,14 @@ Arrow ``ListArray``); batch kernels loop over it in compiled code.
 import operator
 import struct
 from itertools import chain
+from typing import Iterator, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._arrow import arrow_csr, arrow_data, objects_csr
 from ._sequence import as_tokens, has_bool
+from ._typing import BatchLike
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
@@ -49,14 +52,23 @@ class Batch:
 
     __slots__ = ("flat", "offsets")
 
-    def __init__(self, flat, offsets):
-        flat = _flat_array(flat).view()
-        flat.flags.writeable = False
-        self.flat = flat
-        self.offsets = _offsets_array(offsets, flat.shape[0])
+    flat: np.ndarray
+    offsets: np.ndarray
 
-    def __len__(self):
+    def __init__(self, flat: ArrayLike, offsets: ArrayLike) -> None:
+        view = _flat_array(flat).view()
+        view.flags.writeable = False
+        self.flat = view
+        self.offsets = _offsets_array(offsets, view.shape[0])
+
+    def __len__(self) -> int:
         return self.offsets.shape[0] - 1
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> "Batch": ...
 
     def __getitem__(self, i):
         """Sequence ``i`` (a view), or for a slice with step 1 a ``Batch`` of
@@ -75,18 +87,18 @@ class Batch:
             return Batch(self.flat[off[0]:off[-1]], off - off[0])
         return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         off = self.offsets
         for i in range(len(self)):
             yield self.flat[off[i]:off[i + 1]]
 
     @property
-    def lengths(self):
+    def lengths(self) -> np.ndarray:
         """Tokens per sequence (int64 array)."""
         return np.diff(self.offsets)
 
     @property
-    def num_tokens(self):
+    def num_tokens(self) -> int:
         return int(self.flat.shape[0])
 
     def __repr__(self):
@@ -133,7 +145,7 @@ def _offsets_array(offsets, n_flat):
     return off
 
 
-def pack(seqs):
+def pack(seqs: BatchLike) -> "Batch":
     """Pack sequences into a ``Batch``.
 
     ``seqs`` may be a list or tuple of lists / tuples / ranges / 1-D integer
@@ -194,7 +206,7 @@ def pack(seqs):
     return Batch(flat, offsets)
 
 
-def csr(flat, offsets):
+def csr(flat: ArrayLike, offsets: ArrayLike) -> "Batch":
     """The CSR pair ``(flat, offsets)`` as a ``Batch``; a 2-tuple of arrays
     means the same wherever a batch is taken.
 

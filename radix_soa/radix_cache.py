@@ -1,6 +1,9 @@
 """``RadixCache``: a set of integer sequences stored as a compressed radix tree."""
 
+from typing import Iterator, Tuple
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ._base import TreeCache
 from ._invariants import check_tree
@@ -11,6 +14,7 @@ from ._kernels.layout import ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
 from ._validate import MAX_SEQUENCE_TOKENS, check_length
+from ._typing import BatchLike, Parallel, TokenSequence
 from .batch import as_batches, map_batches, run_batches
 
 
@@ -42,31 +46,31 @@ class RadixCache(TreeCache):
     a prefix of it inserted).
     """
 
-    def __init__(self, dtype=np.int64):
+    def __init__(self, dtype: DTypeLike = np.int64) -> None:
         self._init_lock()
         self._s = TreeStorage(dtype)
 
     # ------------------------------------------------------------ sizes
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         """NumPy dtype of the token buffer."""
         return self._s.dtype
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._s.count("terminals")
 
     @property
-    def num_nodes(self):
+    def num_nodes(self) -> int:
         """Nodes in the tree, root excluded."""
         return self._s.count("nodes")
 
     @property
-    def num_tokens(self):
+    def num_tokens(self) -> int:
         """Tokens held in live node spans (shared prefixes counted once)."""
         return self._s.count("tokens")
 
     # ------------------------------------------------------------ queries
-    def exists(self, sequence):
+    def exists(self, sequence: TokenSequence) -> bool:
         """True if ``sequence`` was inserted exactly (and not removed since).
 
         >>> rc = RadixCache(); _ = rc.insert([7, 8, 9])
@@ -84,7 +88,7 @@ class RadixCache(TreeCache):
 
     __contains__ = exists
 
-    def match_prefix(self, sequence):
+    def match_prefix(self, sequence: TokenSequence) -> int:
         """Length of the longest prefix of ``sequence`` present as a path
         (whether or not a stored sequence ends there).
 
@@ -102,7 +106,7 @@ class RadixCache(TreeCache):
         return int(length)
 
     # ------------------------------------------------------------ mutation
-    def insert(self, sequence):
+    def insert(self, sequence: TokenSequence) -> bool:
         """Store ``sequence``; True if it was not stored before.
 
         Raises ``ValueError`` for an empty sequence and ``OverflowError`` for
@@ -125,7 +129,7 @@ class RadixCache(TreeCache):
                 status, new = s.run(lambda: KM.radix_insert(s.D, s.like, s.root, q))
         return new == 1
 
-    def remove(self, sequence):
+    def remove(self, sequence: TokenSequence) -> None:
         """Remove a stored sequence; ``KeyError`` if it is not stored exactly.
 
         The tree stays canonical: the dead tail is pruned and a node left
@@ -142,7 +146,7 @@ class RadixCache(TreeCache):
             raise KeyError(_short(q))
 
     # ------------------------------------------------------------ batches
-    def insert_batch(self, batch):
+    def insert_batch(self, batch: BatchLike) -> np.ndarray:
         """Insert many sequences; returns a bool array, True where a sequence
         was not stored before (the first of duplicates within the batch).
 
@@ -181,7 +185,7 @@ class RadixCache(TreeCache):
             except MemoryError:  # giving memory back is optional; the batch is in
                 pass
 
-    def exists_batch(self, batch, parallel=None):
+    def exists_batch(self, batch: BatchLike, parallel: Parallel = None) -> np.ndarray:
         """``exists`` for every sequence of ``batch``, as a bool array.
 
         ``batch``: a list of sequences, a ``Batch``, a ``(flat, offsets)``
@@ -205,7 +209,7 @@ class RadixCache(TreeCache):
             lambda b, res: self._read(
                 lambda: KD.exists_batch_parallel(*s.R, s.root, b.flat, b.offsets, res)))
 
-    def match_prefix_batch(self, batch, parallel=None):
+    def match_prefix_batch(self, batch: BatchLike, parallel: Parallel = None) -> np.ndarray:
         """``match_prefix`` for every sequence of ``batch``, as an int64 array
         (arguments as for ``exists_batch``).
 
@@ -222,7 +226,7 @@ class RadixCache(TreeCache):
                 lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)))
 
     # ------------------------------------------------------------ iteration
-    def to_csr(self):
+    def to_csr(self) -> Tuple[np.ndarray, np.ndarray]:
         """All stored sequences as ``(flat, offsets)``: sequence ``i`` is
         ``flat[offsets[i]:offsets[i+1]]``, in lexicographic order."""
         s = self._s
@@ -232,12 +236,12 @@ class RadixCache(TreeCache):
                                                  s.root, s.node_end)
         return flat.astype(np.int64, copy=False), offsets
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         flat, offsets = self.to_csr()
         for i in range(offsets.shape[0] - 1):
             yield flat[offsets[i]:offsets[i + 1]]
 
-    def check_invariants(self, full=True):
+    def check_invariants(self, full: bool = True) -> None:
         """Raise ``AssertionError`` naming the first broken invariant.
 
         ``full=False`` runs only the O(1) counter checks.
@@ -245,7 +249,7 @@ class RadixCache(TreeCache):
         with self._lock:
             check_tree(self._s, full=full, canonical=True)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"RadixCache(sequences={len(self)}, nodes={self.num_nodes}, "
                 f"tokens={self.num_tokens}, dtype={self.dtype.name})")
 

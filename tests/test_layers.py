@@ -22,7 +22,7 @@ PACKAGE = Path(rs.__file__).resolve().parent
 # The deprecated shims are left out (they only forward to the new modules).
 LAYERS = {
     "kernels": 0,       # radix_soa._kernels.*
-    "results": 1,       # _results, _validate
+    "results": 1,       # _results, _validate, _typing
     "storage": 2,       # _storage
     "input": 3,         # _sequence, _arrow, batch, _dedup
     "product": 4,       # the caches, persistence, invariants
@@ -43,7 +43,7 @@ def layer_of(module):
         return "kernels"
     if head in ("baselines", "studies"):
         return head
-    if head in ("_results", "_validate"):
+    if head in ("_results", "_validate", "_typing"):
         return "results"
     if head == "_storage":
         return "storage"

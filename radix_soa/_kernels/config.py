@@ -12,6 +12,8 @@ for ``prange`` loops, ``kernel_nogil`` for the replay (sweeps run replays on
 threads).
 """
 
+from typing import Any
+
 from numba import njit
 
 
@@ -35,7 +37,8 @@ def kernel_options(nrt_flag=HAS_NRT_FLAG, **extra):
     return options
 
 
-kernel = njit(**kernel_options())
-kernel_nogil = njit(**kernel_options(nogil=True))
-kernel_alloc = njit(cache=True)
-kernel_parallel = njit(cache=True, parallel=True)
+# Any: a Numba dispatcher takes whatever its compiled signatures do
+kernel: Any = njit(**kernel_options())
+kernel_nogil: Any = njit(**kernel_options(nogil=True))
+kernel_alloc: Any = njit(cache=True)
+kernel_parallel: Any = njit(cache=True, parallel=True)
