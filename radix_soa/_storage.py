@@ -284,21 +284,23 @@ class TreeStorage:
                          int(tree.meta[L.M_NODE_END]), self.page_size)
         return table
 
-    def trim_slack(self):
-        """Give back what a generous ``reserve`` left unused: when the token
-        buffer or the node arrays hold more than twice what is used (plus a
-        quarter of headroom), shrink them to that."""
+    def trim_slack(self, floor_nodes=MIN_NODES, floor_tokens=MIN_TOKENS):
+        """Give back what a generous ``reserve`` left unused: the token
+        buffer and the node arrays shrink to what is used plus a quarter (so
+        at most 20% of them is slack), never below the floors. Batch inserts
+        call it only after they grew the arrays, so the copy is paid once
+        per growth, not per call."""
         tree = self.tree
         changes = {}
         used = int(tree.meta[L.M_TOK_USED])
-        target = max(MIN_TOKENS, used + used // 4)
-        if tree.tokens.shape[0] > 2 * target:
+        target = max(floor_tokens, used + used // 4)
+        if tree.tokens.shape[0] > target:
             changes["tokens"] = _copied(tree.tokens, target, used)
             if self.has_values:
                 changes["values"] = _copied(tree.values, target, used)
         end = self.node_end
-        target = max(MIN_NODES, end + end // 4)
-        if tree.start.shape[0] > 2 * target:
+        target = max(floor_nodes, end + end // 4)
+        if tree.start.shape[0] > target:
             changes.update(self._node_arrays(tree, target, end))
         if changes:
             self._publish(tree._replace(**changes))

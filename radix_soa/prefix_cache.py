@@ -23,7 +23,7 @@ from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKEN
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
                        EvictResult, InsertResult, InvariantError, Match, TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
-from ._storage import TreeStorage, span_positions
+from ._storage import TreeStorage, batch_plan, span_positions
 from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
                         check_policy)
 from .batch import Batch, as_batches, map_batches, pack_one, use_parallel
@@ -452,11 +452,12 @@ class PrefixCache(ServingMixin, TreeCache):
                 root = s.new_root(ns)
                 self._roots_in_sync()
             cap = self._kernel_cap()
+            grew = []
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
                                              cap, cursor, cached, out, priority),
-                  plan=lambda st, tokens, nodes: (
-                      max(tokens, int(offsets[-1] - offsets[cursor[0]])),
-                      max(nodes, 2 * (len(b) - int(cursor[0])))))
+                  plan=batch_plan(b, cursor, s.count("tokens"), grew))
+            if grew:
+                s.trim_slack(_START_NODES, _START_TOKENS)
         freed = int(cursor[1])
         return cached, self._evicted(freed, out)
 
