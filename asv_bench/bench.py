@@ -291,7 +291,8 @@ def section_memory(repeat):
         rep = rc.memory_report()
         budget = width * rep["tokens_stored"] + 48 * rep["nodes"]
         print(f"  {dtype}: used {rep['used_bytes']:,} bytes = {rep['used_bytes'] / budget:.3f} of the "
-              f"budget {width} B/token + 48 B/node ({rep['bytes_per_node']:.1f} B per node)")
+              f"budget {width} B/token + 48 B/node ({rep['bytes_per_node']:.1f} B per node); "
+              f"allocated {rep['total_bytes']:,} = {rep['total_bytes'] / rep['used_bytes']:.2f}x used")
         if dtype == "int64":
             ours = rep["used_bytes"]
     tracemalloc.start()

@@ -19,10 +19,18 @@ class Footprint:
     def track_used_bytes(self, workload, dtype):
         return self.rep["used_bytes"]
 
+    def track_allocated_bytes(self, workload, dtype):
+        return self.rep["total_bytes"]
+
+    def track_allocated_over_used(self, workload, dtype):
+        """What a batch build leaves allocated per used byte (slack)."""
+        return self.rep["total_bytes"] / self.rep["used_bytes"]
+
     def track_compression_ratio(self, workload, dtype):
         return self.rep["compression_ratio"]
 
     track_used_bytes.unit = "bytes"
+    track_allocated_bytes.unit = "bytes"
 
 
 class MmapLoad:
