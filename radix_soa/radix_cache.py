@@ -1,5 +1,6 @@
 """``RadixCache``: a set of integer sequences stored as a compressed radix tree."""
 
+import operator
 from typing import Iterator, Tuple
 
 import numpy as np
@@ -8,9 +9,10 @@ from numpy.typing import DTypeLike
 from ._base import TreeCache
 from ._invariants import check_tree
 from ._kernels import descent as KD
+from ._kernels import ids as KI
 from ._kernels import mutation as KM
 from ._kernels import walks as KW
-from ._kernels.layout import ROOM
+from ._kernels.layout import M_NODE_END, ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
 from ._validate import MAX_SEQUENCE_TOKENS, check_length
@@ -224,6 +226,64 @@ class RadixCache(TreeCache):
                 lambda: KD.match_batch(*s.M, s.root, b.flat, b.offsets, 1, res)),
             lambda b, res: self._read(
                 lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)))
+
+    # ------------------------------------------------------------ sequence ids
+    def ids(self, batch: BatchLike) -> np.ndarray:
+        """The id of the stored sequence equal to each sequence of
+        ``batch`` (int64; -1 where it is not stored), to join results back
+        to a table of the stored rows.
+
+        A stored sequence keeps its id while it is stored: across inserts
+        and removes of other sequences, ``compact()``, ``save``/``load`` and
+        pickling (it is the id of the node the sequence ends at). The id of
+        a removed sequence may be given to one inserted later.
+        ``sequence(id)`` gives the tokens back.
+
+        >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2, 3], [1, 2], [4]])
+        >>> ids = rc.ids([[1, 2, 3], [1, 2, 3], [1, 2, 9], [4]])
+        >>> bool(ids[0] == ids[1]), int(ids[2]), rc.sequence(ids[3]).tolist()
+        (True, -1, [4])
+        """
+        return self._ids(batch)[0]
+
+    def prefix_ids(self, batch: BatchLike) -> np.ndarray:
+        """For each sequence of ``batch``, the id (see ``ids``) of the longest
+        stored sequence that is a prefix of it (the sequence itself when
+        stored; -1 when no stored sequence is a prefix of it).
+
+        >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2], [1, 2, 3, 4]])
+        >>> p = rc.prefix_ids([[1, 2, 3], [1, 2, 3, 4, 5], [1], [1, 2]])
+        >>> [rc.sequence(i).tolist() if i >= 0 else None for i in p]
+        [[1, 2], [1, 2, 3, 4], None, [1, 2]]
+        """
+        return self._ids(batch)[1]
+
+    def _ids(self, batch):
+        s = self._s
+        parts = []
+        for b in as_batches(batch):
+            exact = np.empty(len(b), np.int64)
+            prefix = np.empty(len(b), np.int64)
+            self._read_released(lambda: KI.ids_batch(*s.R, s.root, b.flat, b.offsets, exact,
+                                                     prefix))
+            parts.append((exact, prefix))
+        if len(parts) == 1:
+            return parts[0]
+        return (np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64),
+                np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64))
+
+    def sequence(self, sequence_id: int) -> np.ndarray:
+        """The tokens of the stored sequence with id ``sequence_id`` (see
+        ``ids``); ``KeyError`` when no stored sequence has it."""
+        v = operator.index(sequence_id)
+        if not -1 <= v < 1 << 31:  # node ids are int32
+            raise KeyError(f"no stored sequence has id {sequence_id}")
+        t = self._s.tree  # one publish's arrays: the kernel reads them holding the GIL
+        found, out = KI.sequence_of(t.tokens, t.start, t.length, t.parent, t.term,
+                                    int(t.meta[M_NODE_END]), v)
+        if not found:
+            raise KeyError(f"no stored sequence has id {sequence_id}")
+        return out
 
     # ------------------------------------------------------------ iteration
     def to_csr(self) -> Tuple[np.ndarray, np.ndarray]:

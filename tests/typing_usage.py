@@ -22,6 +22,9 @@ def usage() -> None:
     assert_type(len(rc), int)
     assert_type(rs.RadixCache.load("tree"), rs.RadixCache)
     assert_type(rc.memory_report(), dict[str, Any])
+    assert_type(rc.ids([[1, 2, 3]]), np.ndarray)
+    assert_type(rc.prefix_ids([[1, 2, 3]]), np.ndarray)
+    assert_type(rc.sequence(0), np.ndarray)
 
     b = rs.pack([[1, 2], [3]])
     assert_type(b, rs.Batch)

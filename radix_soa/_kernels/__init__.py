@@ -23,6 +23,7 @@ Modules, bottom up (a module calls only those above it in this list)::
                 unlink, merge_room, merge_into_child -> remove_one
     walks       children_csr -> compact_spans; sorted_children, dfs_terminals
                 -> collect_sequences
+    ids         ids_one -> ids_batch (sequence ids); sequence_of
     prefix      pc_match -> pc_match_one, pc_match_batch; path_values;
                 path_unlocked, room_needed, evict_keeping (pc_lock, pc_evict)
                 -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
