@@ -5,11 +5,11 @@
 typing.Union[typing.Sequence[int], numpy.ndarray]
 """
 
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
-__all__ = ["TokenSequence", "BatchLike", "Namespace", "Parallel"]
+__all__ = ["TokenSequence", "BatchLike", "Namespace", "Parallel", "Progress"]
 
 # one sequence: a list, tuple or range of ints, or a 1-D integer array
 TokenSequence = Union[Sequence[int], np.ndarray]
@@ -20,3 +20,5 @@ BatchLike = Any
 Namespace = Union[int, str, None]
 # a batch call's thread choice (None: decided per chunk)
 Parallel = Union[bool, None]
+# a batch call's progress report: False/None, True (a tqdm bar) or progress(done, total)
+Progress = Union[bool, None, Callable[[int, int], Any]]

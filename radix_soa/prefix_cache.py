@@ -457,7 +457,10 @@ class PrefixCache(ServingMixin, TreeCache):
                                              cap, cursor, cached, out, priority),
                   plan=batch_plan(b, cursor, s.count("tokens"), grew))
             if grew:
-                s.trim_slack(_START_NODES, _START_TOKENS)
+                try:
+                    s.trim_slack(_START_NODES, _START_TOKENS)
+                except MemoryError:  # giving memory back is optional; the batch is in
+                    pass
         freed = int(cursor[1])
         return cached, self._evicted(freed, out)
 

@@ -16,7 +16,7 @@ from ._kernels.layout import M_NODE_END, ROOM
 from ._sequence import as_tokens, check_fits
 from ._storage import TreeStorage, batch_plan
 from ._validate import MAX_SEQUENCE_TOKENS, check_length
-from ._typing import BatchLike, Parallel, TokenSequence
+from ._typing import BatchLike, Parallel, Progress, TokenSequence
 from .batch import as_batches, map_batches, run_batches
 
 
@@ -148,13 +148,13 @@ class RadixCache(TreeCache):
             raise KeyError(_short(q))
 
     # ------------------------------------------------------------ batches
-    def insert_batch(self, batch: BatchLike) -> np.ndarray:
+    def insert_batch(self, batch: BatchLike, *, progress: Progress = False) -> np.ndarray:
         """Insert many sequences; returns a bool array, True where a sequence
         was not stored before (the first of duplicates within the batch).
 
         ``batch`` is anything ``exists_batch`` takes. All-or-nothing: every
         sequence is validated (non-empty, integers that fit the dtype) before
-        any is inserted.
+        any is inserted. ``progress``: as for ``exists_batch``.
 
         >>> rc = RadixCache()
         >>> rc.insert_batch([[1, 2, 3], [1, 2], [1, 2, 3]]).tolist()
@@ -170,24 +170,28 @@ class RadixCache(TreeCache):
             check_fits(b.flat, self._s.dtype)
             if len(b):
                 check_length(int(lengths.max()), "a sequence of the batch")
+        grew: list = []
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            return map_batches(batches, np.bool_, self._insert_csr)
+            try:
+                return map_batches(batches, np.bool_,
+                                   lambda b, new: self._insert_csr(b, new, grew), progress)
+            finally:
+                if grew:  # once per call, not per chunk or slice
+                    try:
+                        self._s.trim_slack()
+                    except MemoryError:  # giving memory back is optional; the batch is in
+                        pass
 
-    def _insert_csr(self, b, new):
+    def _insert_csr(self, b, new, grew):
         s = self._s
         cursor = np.zeros(1, np.int64)
-        grew = []
         s.run(lambda: KM.radix_insert_batch(s.T, s.root, b.flat, b.offsets, cursor, new),
               plan=batch_plan(b, cursor, s.count("tokens"), grew))
-        if grew:
-            try:
-                s.trim_slack()
-            except MemoryError:  # giving memory back is optional; the batch is in
-                pass
 
-    def exists_batch(self, batch: BatchLike, parallel: Parallel = None) -> np.ndarray:
+    def exists_batch(self, batch: BatchLike, parallel: Parallel = None, *,
+                     progress: Progress = False) -> np.ndarray:
         """``exists`` for every sequence of ``batch``, as a bool array.
 
         ``batch``: a list of sequences, a ``Batch``, a ``(flat, offsets)``
@@ -197,7 +201,10 @@ class RadixCache(TreeCache):
         ``parallel``: None (default) uses Numba's threads for each batch (or
         chunk of a chunked column) of at least
         ``radix_soa.batch.PARALLEL_MIN_TOKENS`` tokens; True/False forces it.
-        ``NUMBA_NUM_THREADS`` caps the threads.
+        ``NUMBA_NUM_THREADS`` caps the threads. ``progress=True`` shows a
+        ``tqdm`` bar (the ``progress`` extra) for the call, updated every
+        ``radix_soa.batch.PROGRESS_STEP`` tokens; a callable
+        ``progress(done, total)`` (in tokens) is called instead.
 
         >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2], [3]])
         >>> rc.exists_batch([[1, 2], [1], [3]]).tolist()
@@ -209,9 +216,11 @@ class RadixCache(TreeCache):
             lambda b, res: self._read_released(
                 lambda: KD.exists_batch(*s.R, s.root, b.flat, b.offsets, res)),
             lambda b, res: self._read(
-                lambda: KD.exists_batch_parallel(*s.R, s.root, b.flat, b.offsets, res)))
+                lambda: KD.exists_batch_parallel(*s.R, s.root, b.flat, b.offsets, res)),
+            progress)
 
-    def match_prefix_batch(self, batch: BatchLike, parallel: Parallel = None) -> np.ndarray:
+    def match_prefix_batch(self, batch: BatchLike, parallel: Parallel = None, *,
+                           progress: Progress = False) -> np.ndarray:
         """``match_prefix`` for every sequence of ``batch``, as an int64 array
         (arguments as for ``exists_batch``).
 
@@ -225,7 +234,8 @@ class RadixCache(TreeCache):
             lambda b, res: self._read_released(
                 lambda: KD.match_batch(*s.M, s.root, b.flat, b.offsets, 1, res)),
             lambda b, res: self._read(
-                lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)))
+                lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)),
+            progress)
 
     # ------------------------------------------------------------ sequence ids
     def ids(self, batch: BatchLike) -> np.ndarray:

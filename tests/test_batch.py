@@ -309,3 +309,34 @@ def test_traces_are_batches_unless_they_mix_namespaces():
                                namespace=np.array([0, 1]))
     with pytest.raises(ValueError, match="namespaces"):
         rc.exists_batch(two)
+
+
+def test_progress_reports_cover_every_token_and_change_no_answer(monkeypatch):
+    monkeypatch.setattr(rs.batch, "PROGRESS_STEP", 50)  # many slices on a small batch
+    seqs = rs.workloads.generate("multi_turn", n=10)
+    plain = RadixCache()
+    want_new = plain.insert_batch(seqs)
+    rc = RadixCache()
+    seen = []
+    new = rc.insert_batch(seqs, progress=lambda done, total: seen.append((done, total)))
+    total = sum(len(s) for s in seqs)
+    assert len(seen) > 10 and seen[-1] == (total, total)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    np.testing.assert_array_equal(new, want_new)
+    assert snapshot(rc) == snapshot(plain)
+    probe = seqs + [s[:-1] for s in seqs]
+    for method in ("exists_batch", "match_prefix_batch"):
+        seen.clear()
+        got = getattr(rc, method)(probe, progress=lambda d, t: seen.append(d))
+        np.testing.assert_array_equal(got, getattr(plain, method)(probe))
+        assert seen[-1] == sum(len(s) for s in probe)
+
+
+def test_progress_true_draws_a_tqdm_bar(capsys):
+    pytest.importorskip("tqdm")
+    rc = RadixCache()
+    rc.insert_batch([[1, 2, 3]] * 5, progress=True)
+    assert "tok" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="progress"):
+        rc.exists_batch([[1]], progress="yes")
+    assert rc.exists_batch([[1, 2, 3]]).tolist() == [True]
