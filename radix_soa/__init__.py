@@ -21,6 +21,8 @@ from .batch import Batch, csr, pack
 from ._dedup import first_occurrence
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
+from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventError, event_from_dict
+from .router_index import RouterIndex
 from .studies import schedule, traces, workloads
 from .studies.replay import ReplayResult, SweepResult, replay, sweep
 from .studies.footprint import FootprintTable, compare_footprint
@@ -31,5 +33,6 @@ __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError"
            "Match", "BatchMatch", "EvictResult", "Finished", "Request", "InvariantError", "warmup",
            "replay", "sweep", "ReplayResult", "SweepResult", "replay_reference",
            "compare_footprint", "FootprintTable", "ReadOnlyTreeError", "TreeFormatError",
-           "schedule", "traces", "workloads", "first_occurrence"]
+           "schedule", "traces", "workloads", "first_occurrence", "RouterIndex", "BlockStored",
+           "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict"]
 __version__ = "0.2.0.dev0"

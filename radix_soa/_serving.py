@@ -14,6 +14,7 @@ import secrets
 
 import numpy as np
 
+from ._event_log import begin_log_size, drop_subtree, log_size
 from ._kernels import lifecycle as KL
 from ._kernels import prefix as KP
 from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, ROOM, LOCK_LIMIT, M_INFLIGHT,
@@ -245,8 +246,14 @@ class ServingMixin:
             # still found by open_requests() (and the listing skips the others)
             self._requests[id(request)] = request
             st = request._st
-            status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, count, capacity,
-                                  reserve, evict_out, st)
+            if self._events is not None:
+                ev = self._events.ev(self, begin_log_size(self, capacity, q.shape[0] if reserve < 0
+                                                          else reserve))
+                status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
+                                                    count, capacity, reserve, evict_out, st, ev))
+            else:
+                status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, count,
+                                      capacity, reserve, evict_out, st)
             if status == ROOM:
                 status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
                                                     count, capacity, reserve, evict_out, st))
@@ -329,7 +336,13 @@ class ServingMixin:
                 cap = self._kernel_cap(own=int(st[R_RESERVED]))
             out = np.empty(n, np.int64) if cap >= 0 and s.has_values else _NO_VALUES
             request._stage(vals, out)
-            status = kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority, st)
+            if self._events is not None:
+                ev = self._events.ev(self, log_size(n, self._page))
+                status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
+                                              out, priority, st, ev))
+            else:
+                status = kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out,
+                                priority, st)
             if status == ROOM:
                 status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
                                               out, priority, st))
@@ -400,12 +413,15 @@ class ServingMixin:
             fresh = self._new_storage(s.dtype, s.has_values, s.page_size, s.meta[M_POLICY])
             # one update of existing keys (a single C call): no interrupt can
             # leave the cache half reset
-            self.__dict__.update({
+            state = {
                 "_s": fresh,
                 "_salt": secrets.randbits(32),  # old handles can never match again
                 "_ns_keys": [0], "_ns_number": {0: 0}, "_roots": {0: fresh.root},
                 "_requests": {},
-                "_epoch": object()})  # open requests are void
+                "_epoch": object()}  # open requests are void
+            if self._events is not None:  # the queue with AllBlocksCleared, in the same update
+                state["_events"] = self._events.cleared()
+            self.__dict__.update(state)
 
     def reset_stats(self):
         """Zero the counters ``stats`` reports."""
@@ -443,7 +459,10 @@ class ServingMixin:
             out = np.empty(total if s.has_values else 0, np.int64)
             keep = root == s.root  # the default namespace's root stays (node 0 is every
             #                        cache's first root; unknown namespaces answer with it)
-            freed = KP.drop_subtree(s.D, s.like, root, order, self._page, out, keep)
+            if self._events is not None:
+                freed = drop_subtree(self, root, order, out, keep)
+            else:
+                freed = KP.drop_subtree(s.D, s.like, root, order, self._page, out, keep)
             if not keep:
                 self._roots = {k: r for k, r in self._roots.items() if r != root}
         return EvictResult(int(freed), out if s.has_values else None)

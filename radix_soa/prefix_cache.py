@@ -13,6 +13,7 @@ import secrets
 
 import numpy as np
 
+from . import _event_log
 from ._base import TreeCache
 from ._serving import ServingMixin
 from ._invariants import check_tree
@@ -70,7 +71,9 @@ class PrefixCache(ServingMixin, TreeCache):
     counts what open requests (``begin``) reserve. ``page_size``: tokens are
     cached, matched and evicted in whole pages. ``values``: keep one int64
     value per token (False for studies that only count). ``dtype``: the
-    token buffer's type (``np.int32`` halves it).
+    token buffer's type (``np.int32`` halves it). ``events``: queue a KV
+    event for every run of whole pages cached or removed (``take_events``);
+    off by default, and then free.
 
     Node handles (``Match.node``, ``InsertResult.node``) are ints that stay
     valid while the node lives; a handle to an evicted node is rejected.
@@ -83,8 +86,10 @@ class PrefixCache(ServingMixin, TreeCache):
     made it (``match_batch``: a prefix of its matches done).
     """
 
+    _events = None  # the KV event queue (``events=True``); None: events off
+
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
-                 count_inflight=False, eviction_policy="lru"):
+                 count_inflight=False, eviction_policy="lru", events=False):
         page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
@@ -104,6 +109,8 @@ class PrefixCache(ServingMixin, TreeCache):
         self._ns_keys = [0]       # namespace number -> key, in order of first use
         self._ns_number = {0: 0}  # key -> namespace number
         self._roots = {0: self._s.root}  # key -> root id: what the arrays say, cached
+        if events:
+            self._events = _event_log.EventLog(page_size)
 
     @staticmethod
     def _new_storage(dtype, values, page_size, policy):
@@ -178,6 +185,37 @@ class PrefixCache(ServingMixin, TreeCache):
             out = self._s.stats()
         out["hit_rate"] = out["hit_tokens"] / out["query_tokens"] if out["query_tokens"] else 0.0
         return out
+
+    # ------------------------------------------------------------ events
+    @property
+    def events_enabled(self):
+        """True if the cache queues KV events (``events=True``)."""
+        return self._events is not None
+
+    def take_events(self):
+        """The KV events queued since the last call, oldest first, and the
+        queue emptied: ``BlockStored`` for each new run of whole pages an
+        insert (or ``checkpoint``/``finish``) cached, ``BlockRemoved`` for
+        each run eviction, ``evict`` or ``drop_namespace`` removed, and
+        ``AllBlocksCleared`` at ``reset``. Page hashes are chained from the
+        namespace's seed (``radix_soa._kernels.chain``), so the same tokens
+        in the same namespace hash alike on every cache; ``RouterIndex``
+        rebuilds what each cache holds from them. A match (even one that
+        splits a node) changes no pages and queues nothing. A loaded,
+        unpickled or copied cache starts with events off.
+
+        >>> pc = PrefixCache(capacity=4, page_size=2, events=True)
+        >>> _ = pc.insert([1, 2, 3, 4], values=[0, 0, 0, 0])
+        >>> _ = pc.insert([5, 6, 7], values=[0, 0, 0])  # evicts [3, 4]
+        >>> [type(e).__name__ for e in pc.take_events()]
+        ['BlockStored', 'BlockRemoved', 'BlockStored']
+        >>> pc.take_events()
+        []
+        """
+        if self._events is None:
+            raise ValueError("this cache queues no events; make it with events=True")
+        with self._lock:
+            return self._events.take()
 
     # ------------------------------------------------------------ handles
     def _root(self, namespace, create=True):
@@ -366,6 +404,8 @@ class PrefixCache(ServingMixin, TreeCache):
         ``priority``: the request's priority (``eviction_policy="priority"``:
         a node keeps the highest priority of the inserts that reached it).
         """
+        if self._events is not None:
+            return _event_log.insert(self, tokens, values, namespace, priority)
         s = self._s
         if type(priority) is not int or priority:
             self._check_priority(priority)
@@ -415,6 +455,8 @@ class PrefixCache(ServingMixin, TreeCache):
         >>> cached.tolist(), pc.match([1, 2, 4]).values.tolist()
         ([0, 2], [7, 8, 6])
         """
+        if self._events is not None:
+            return _event_log.insert_batch(self, batch, values, namespace, priority)
         s = self._s
         self._writable()
         if type(priority) is not int or priority:
@@ -602,6 +644,8 @@ class PrefixCache(ServingMixin, TreeCache):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the unlocked leaves the eviction
         policy scores lowest (least recently used by default): ``EvictResult(num_tokens, values)`` with the freed values."""
+        if self._events is not None:
+            return _event_log.evict(self, num_tokens)
         s = self._s
         if s.readonly:
             self._writable()

@@ -30,7 +30,8 @@ LAYERS = {
     "studies": 6,       # radix_soa.studies.*
     "front": 7,         # cli, _warmup, the package itself
 }
-PRODUCT = {"radix_cache", "prefix_cache", "_serving", "_persist", "_invariants", "_base"}
+PRODUCT = {"radix_cache", "prefix_cache", "_serving", "_persist", "_invariants", "_base",
+           "_event_log", "router_index"}
 
 
 def layer_of(module):
@@ -43,7 +44,7 @@ def layer_of(module):
         return "kernels"
     if head in ("baselines", "studies"):
         return head
-    if head in ("_results", "_validate", "_typing"):
+    if head in ("_results", "_validate", "_typing", "_kv_events"):
         return "results"
     if head == "_storage":
         return "storage"

@@ -28,7 +28,8 @@ from .table import has_room, need_room
 
 
 @kernel
-def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evict_out, st):
+def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evict_out, st,
+              ev=None):
     """``begin``: match ``q`` under ``root`` (``known=False``: the namespace
     has no root; a miss, and nothing is made), lock the matched path, and
     with ``count`` (``count_inflight``) reserve ``reserve`` tokens (< 0: the
@@ -81,7 +82,7 @@ def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evic
         pc_lock(T, v, 1)
     freed = 0
     if want > 0:
-        freed = pc_evict(T, want, page, evict_out)
+        freed = pc_evict(T, want, page, evict_out, ev)
         meta[M_EVICTED_TOKENS] += freed
     meta[M_INFLIGHT] += need
     if T[VALUES].shape[0] > 0:
@@ -133,7 +134,7 @@ def _top_lock(T, root, q, n, page, st):
 
 
 @kernel
-def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
+def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """The insert of a checkpoint or finish, for an open request whose lock
     is held (else ``STALE``), its outcome recorded in ``st[R_LAST_*]``.
     ``MISMATCH``: ``q`` does not start with the request's cached prefix;
@@ -146,7 +147,7 @@ def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
     if _top_lock(T, root, q, n, page, st) >= LOCK_LIMIT:
         return LIMIT
     status, cached, node, gen, freed = insert_one_at_priority(T, root, ns, q, n, vals, page, cap,
-                                                              out, priority, st[R_CACHED])
+                                                              out, priority, st[R_CACHED], ev)
     if status == DONE:
         st[R_LAST_FROM] = st[R_CACHED]
         st[R_LAST_CACHED] = cached
@@ -158,13 +159,13 @@ def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st):
 
 
 @kernel
-def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
+def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """``checkpoint``: insert ``q[:n]`` (values ``vals``, evicted values to
     ``out``) under ``cap``, move the request's lock to the node it ends at
     and turn the reservation of the newly cached tokens into cached ones.
     ``ROOM``/``FULL``/``STALE``/``MISMATCH``/``LIMIT``: nothing changed."""
     T = tree_at(D, like)
-    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev)
     if status != DONE:
         return status
     node = st[R_LAST_NODE]
@@ -186,11 +187,11 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
 
 
 @kernel
-def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st):
+def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """``finish``: insert ``q[:n]`` as ``req_checkpoint`` does, then release
     the request's lock and reservation and close it."""
     T = tree_at(D, like)
-    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st)
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev)
     if status != DONE:
         return status
     _release(T, st)

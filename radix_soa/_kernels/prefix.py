@@ -10,6 +10,7 @@ in, ``out`` for matched or freed values: caller-allocated, at least as long
 as the call may write; ignored when the tree keeps no values).
 """
 
+from .chain import log_removed, log_stored
 from .config import kernel
 from .descent import descend
 from .directory import tree_at
@@ -145,20 +146,20 @@ def room_needed(T, new, unlocked, page, cap):
 
 
 @kernel
-def evict_keeping(T, root, protect, need, page, out):
+def evict_keeping(T, root, protect, need, page, out, ev=None):
     """Evict ``need`` tokens while the path root..``protect`` is held locked
     (freed values to ``out``); returns the tokens freed."""
     guard = protect >= 0 and protect != root
     if guard:
         pc_lock(T, protect, 1)
-    freed = pc_evict(T, need, page, out)
+    freed = pc_evict(T, need, page, out, ev)
     if guard:
         pc_lock(T, protect, -1)
     return freed
 
 
 @kernel
-def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0):
+def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, ev=None):
     """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
     capacity ``cap`` (-1: unbounded) in one descent: the match, the room it
     needs (evicting least recently used tokens, never from the path it
@@ -167,7 +168,8 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0):
     room) is decided before the room check, so a refused insert never
     grows the arrays; ``ROOM`` (the new tokens and 2 nodes): nothing
     changed; so is ``MISMATCH``: fewer than ``min_cached`` leading tokens
-    are cached (a request's tokens left its own cached prefix)."""
+    are cached (a request's tokens left its own cached prefix). ``ev``:
+    the event log (``chain``), or None."""
     v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, n,
                            page)
     cached = pos + k
@@ -184,15 +186,17 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0):
     if not has_room(T, n - cached, 2):
         return need_room(T, n - cached, 2), cached, NO_NODE, 0
     if need > 0:
-        freed = evict_keeping(T, root, protect, need, page, out)
+        freed = evict_keeping(T, root, protect, need, page, out, ev)
     meta = T[META]
     meta[M_CLOCK] += 1
     node = extend(T, root, v, c, k, pos, q, qs, n, vals, vs, page, True, meta[M_CLOCK])
+    if ev is not None:
+        log_stored(T, ev, root, q, qs, cached, n, page)
     return DONE, cached, node, freed
 
 
 @kernel
-def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority):
+def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority, ev=None):
     """``PrefixCache.insert`` of ``q[:n]`` with ``insert_capped`` on the tree
     at directory ``D``; ``root < 0``: namespace number ``ns`` has no root
     yet, and it is made here unless the insert cannot fit.
@@ -201,21 +205,22 @@ def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority):
     ``FULL``: nothing changed. ``priority``: the request's, for the
     ``priority`` policy (held in meta for the call only)."""
     return insert_one_at_priority(tree_at(D, like), root, ns, q, n, vals, page, cap, out,
-                                  priority)
+                                  priority, 0, ev)
 
 
 @kernel
-def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, min_cached=0):
+def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, min_cached=0,
+                           ev=None):
     """``_insert_one`` with ``priority`` held in meta for the call only (the
     ``priority`` policy reads it)."""
     T[META][M_PRIORITY] = priority
-    result = _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached)
+    result = _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached, ev)
     T[META][M_PRIORITY] = 0
     return result
 
 
 @kernel
-def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0):
+def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, ev=None):
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
@@ -223,7 +228,7 @@ def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0):
             return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
         root = make_root(T, True, ns)
     status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out,
-                                                min_cached)
+                                                min_cached, ev)
     if status != DONE:
         return status, cached, NO_NODE, T[GEN][0], 0
     count_insert(T[META], q.shape[0], n - cached, freed)
@@ -266,7 +271,7 @@ def pc_lock(T, node, delta):
 
 @kernel
 def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cached, out,
-                    priority):
+                    priority, ev=None):
     """``PrefixCache.insert_batch``: ``insert_capped`` of sequences
     ``cursor[0]..`` of a CSR batch (values ``vflat`` parallel to ``flat``, or
     empty), evicted values appended to ``out`` from ``cursor[1]`` (``out`` as
@@ -276,13 +281,13 @@ def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cach
     the sequence to resume, else ``DONE``."""
     T = tree_at(D, like)
     T[META][M_PRIORITY] = priority
-    status = _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out)
+    status = _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out, ev)
     T[META][M_PRIORITY] = 0
     return status
 
 
 @kernel
-def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out):
+def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out, ev=None):
     meta = T[META]
     while cursor[0] < offsets.shape[0] - 1:
         i = cursor[0]
@@ -290,7 +295,7 @@ def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out)
         qn = offsets[i + 1] - qs
         n = qn - qn % page
         status, c, node, freed = insert_capped(T, root, flat, qs, n, vflat, qs, page, cap,
-                                               out[cursor[1]:])
+                                               out[cursor[1]:], 0, ev)
         if status == ROOM:
             return ROOM
         if status == FULL:
@@ -346,7 +351,7 @@ def pc_touch(D, like, v, gen):
 
 
 @kernel
-def drop_subtree(D, like, root, order, page, out, keep_root):
+def drop_subtree(D, like, root, order, page, out, keep_root, ev=None):
     """Remove every node of ``order`` (the non-root nodes under ``root``,
     deepest first, none locked) and then ``root`` itself unless
     ``keep_root``; their values go to ``out`` (``sum of their lengths``
@@ -360,6 +365,8 @@ def drop_subtree(D, like, root, order, page, out, keep_root):
         if keep_values:
             copy_run(out, done, values, start[x], length[x])
         done += length[x]
+        if ev is not None:
+            log_removed(T, ev, x, 0, length[x], page)
         unlink(T, x, page, True)
     if not keep_root:
         free_node(T, root, True)
@@ -408,7 +415,7 @@ def lock_handle(D, like, v, gen, delta):
 
 
 @kernel
-def pc_evict(T, n, page, out):
+def pc_evict(T, n, page, out, ev=None):
     """Free ``n`` tokens (a multiple of ``page``) from the tails of the least
     recently used unlocked leaves; a parent left childless and unlocked
     becomes a leaf candidate at once. Writes the freed tokens' values to
@@ -424,6 +431,8 @@ def pc_evict(T, n, page, out):
         rest = L - take
         if keep_values:
             copy_run(out, freed, values, start[x] + rest, take)
+        if ev is not None:
+            log_removed(T, ev, x, rest, take, page)
         freed += take
         if rest > 0:
             length[x] = rest
@@ -443,7 +452,7 @@ def pc_evict(T, n, page, out):
 
 
 @kernel
-def pc_evict_one(D, like, n, page, out):
+def pc_evict_one(D, like, n, page, out, ev=None):
     """``PrefixCache.evict`` on the tree at directory ``D``: free ``n``
     tokens rounded up to whole pages (at most the unlocked ones); ``out`` at
     least that long. Returns the freed count."""
@@ -451,6 +460,6 @@ def pc_evict_one(D, like, n, page, out):
     meta = T[META]
     n = -(-n // page) * page
     n = min(n, meta[M_TOKENS] - meta[M_LOCKED_TOKENS])
-    freed = pc_evict(T, n, page, out)
+    freed = pc_evict(T, n, page, out, ev)
     meta[M_EVICTED_TOKENS] += freed
     return freed

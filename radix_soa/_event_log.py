@@ -1,0 +1,226 @@
+"""The KV event queue of a ``PrefixCache(events=True)``, and the cache's
+mutating calls in that mode.
+
+Every call that adds or removes whole pages hands its kernel an event log
+(``_kernels.chain``) that the kernel fills in the same call that changes the
+tree; the log is queued *before* the kernel runs, so whatever interrupts the
+Python around it, the queue holds exactly what the tree did (an unused log
+decodes to nothing). ``take_events`` decodes the queued logs into
+``BlockStored`` / ``BlockRemoved`` objects, oldest first. With events off
+the cache never builds any of this (``PrefixCache._events is None``: one
+branch per call).
+
+The calls here mirror ``PrefixCache.insert``/``insert_batch``/``evict``/
+``drop_namespace`` step by step, passing the log to the same kernels; the
+tests check that a cache with events behaves exactly as one without.
+"""
+
+import numpy as np
+
+from ._kernels import prefix as KP
+from ._kernels.chain import REC_REMOVED, REC_STORED
+from ._kernels.layout import FULL, M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
+from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
+from ._results import NOTHING_EVICTED, InsertResult
+from ._validate import MAX_COUNT, check_int, check_length
+from ._sequence import check_fits
+from .batch import pack_one
+
+_NO_VALUES = np.empty(0, np.int64)
+_new = tuple.__new__
+
+
+def log_size(tokens, page, items=1):
+    """Room a log needs for calls inserting ``tokens`` whole-page tokens in
+    ``items`` inserts (each evicting at most what it adds)."""
+    return 2 * tokens + 4 * (tokens // page) + 8 * items + 8
+
+
+class EventLog:
+    """The pending events of one cache: raw kernel logs (with the namespace
+    keys their numbers refer to) and event objects, oldest first."""
+
+    def __init__(self, page):
+        self.page = page
+        self.queue = []
+        self.scratch = np.empty(64, np.int32)
+        self.seeds = np.empty(0, np.uint64)
+        self.seeded = None  # the namespace key list ``seeds`` was built from
+
+    def ev(self, cache, size):
+        """A fresh log of ``size`` slots, queued, as the ``ev`` tuple kernels
+        take. Call under the cache's lock, after ``_root`` numbered the
+        namespace."""
+        s = cache._s
+        if self.scratch.shape[0] < s.start.shape[0]:
+            self.scratch = np.empty(s.start.shape[0], np.int32)
+        keys = cache._ns_keys
+        if self.seeded is not keys or self.seeds.shape[0] != len(keys):
+            self.seeds = np.array([namespace_seed(k) for k in keys], np.uint64)
+            self.seeded = keys
+        log = np.empty(size, np.int64)
+        log[0] = 1
+        self.queue.append((log, keys))
+        return log, self.scratch, self.seeds
+
+    def cleared(self):
+        """A copy of this log with ``AllBlocksCleared`` queued (``reset``
+        swaps it in with the fresh tree in one update)."""
+        new = EventLog(self.page)
+        new.queue = self.queue + [AllBlocksCleared()]
+        return new
+
+    def take(self):
+        """Decode and remove everything queued (call under the cache's lock)."""
+        items = list(self.queue)
+        out = []
+        for item in items:
+            if isinstance(item, tuple):
+                out.extend(self._decode(*item))
+            else:
+                out.append(item)
+        del self.queue[:len(items)]
+        return out
+
+    def _decode(self, log, keys):
+        page = self.page
+        end = int(log[0])
+        w = 1
+        events = []
+        while w < end:
+            kind, ns, k = int(log[w]), int(log[w + 1]), int(log[w + 2])
+            if kind == REC_STORED:
+                has_parent = int(log[w + 3])
+                parent = int(log[w + 4:w + 5].view(np.uint64)[0]) if has_parent else None
+                hashes = log[w + 5:w + 5 + k].view(np.uint64).tolist()
+                w += 5 + k
+                tokens = log[w:w + k * page].tolist()
+                w += k * page
+                key = keys[ns] if 0 <= ns < len(keys) else ns
+                events.append(BlockStored(
+                    hashes, parent, tokens, page,
+                    lora_id=key if type(key) is int and key != 0 else None,
+                    lora_name=key if isinstance(key, str) else None))
+            elif kind == REC_REMOVED:
+                events.append(BlockRemoved(log[w + 3:w + 3 + k].view(np.uint64).tolist()))
+                w += 3 + k
+            else:  # pragma: no cover - a kernel wrote a record this code does not know
+                raise AssertionError(f"event log record kind {kind} at {w}")
+        return events
+
+
+# ---------------------------------------------------------------- the calls
+
+def insert(pc, tokens, values, namespace, priority):
+    """``PrefixCache.insert`` with events."""
+    s = pc._s
+    if type(priority) is not int or priority:
+        pc._check_priority(priority)
+    if s.readonly:
+        pc._writable()
+    q, n, vals = pc._tokens_and_values(tokens, values)
+    page = pc._page
+    out = np.empty(n, np.int64) if pc._capacity is not None and s.has_values else _NO_VALUES
+    with pc._lock:
+        if pc._readers:
+            pc._drain_readers()
+        s = pc._s
+        cap = pc._kernel_cap()
+        root, ns = pc._root(namespace)
+        ev = pc._events.ev(pc, log_size(n, page))
+        status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
+            s.D, s.like, root, ns, q, n, vals, page, cap, out, priority, ev))
+        if status == FULL:
+            raise pc._full(n)
+        if root < 0:
+            pc._roots_in_sync()
+    return _new(InsertResult, (cached, pc._handle(v, gen), pc._evicted(freed, out)))
+
+
+def insert_batch(pc, batch, values, namespace, priority):
+    """``PrefixCache.insert_batch`` with events."""
+    s = pc._s
+    pc._writable()
+    if type(priority) is not int or priority:
+        pc._check_priority(priority)
+    b = pack_one(batch)
+    if s.narrow:
+        check_fits(b.flat, s.dtype)
+    if len(b):
+        check_length(int(b.lengths.max()), "a sequence of the batch")
+    if s.has_values:
+        if values is None:
+            raise ValueError("this cache keeps a value per token; pass values=")
+        vb = pack_one(values)
+        if not np.array_equal(vb.offsets - vb.offsets[0], b.offsets - b.offsets[0]):
+            raise ValueError("values must have one value per token of every sequence")
+        vflat = np.ascontiguousarray(vb.flat)
+    else:
+        if values is not None:
+            raise ValueError("this cache keeps no values (values=False); pass values=None")
+        vflat = _NO_VALUES
+    flat = np.ascontiguousarray(b.flat)
+    offsets = np.ascontiguousarray(b.offsets - b.offsets[0])
+    cached = np.zeros(len(b), np.int64)
+    out = np.empty(flat.shape[0] if s.has_values and pc._capacity is not None else 0, np.int64)
+    cursor = np.zeros(2, np.int64)
+    with pc._lock:
+        if pc._readers:
+            pc._drain_readers()
+        s = pc._s
+        if not len(b):
+            return cached, NOTHING_EVICTED[s.has_values]
+        root, ns = pc._root(namespace)
+        if root < 0:
+            root = s.new_root(ns)
+            pc._roots_in_sync()
+        cap = pc._kernel_cap()
+        ev = pc._events.ev(pc, log_size(flat.shape[0], pc._page, len(b)))
+        s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, pc._page,
+                                         cap, cursor, cached, out, priority, ev),
+              plan=lambda st, tokens, nodes: (
+                  max(tokens, int(offsets[-1] - offsets[cursor[0]])),
+                  max(nodes, 2 * (len(b) - int(cursor[0])))))
+    return cached, pc._evicted(int(cursor[1]), out)
+
+
+def evict(pc, num_tokens):
+    """``PrefixCache.evict`` with events."""
+    if pc._s.readonly:
+        pc._writable()
+    n = num_tokens
+    if type(n) is not int or not 0 <= n <= MAX_COUNT:
+        n = check_int("num_tokens", num_tokens, minimum=0)
+    page = pc._page
+    with pc._lock:
+        if pc._readers:
+            pc._drain_readers()
+        s = pc._s
+        meta = s.meta
+        bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
+        out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
+        ev = pc._events.ev(pc, 4 * (bound // page) + 8)
+        freed = KP.pc_evict_one(s.D, s.like, n, page, out, ev)
+    return pc._evicted(freed, out)
+
+
+def begin_log_size(pc, capacity, need):
+    """Room the log of a ``begin`` reserving ``need`` tokens needs (it
+    evicts only with ``count_inflight`` under a capacity)."""
+    if capacity < 0:
+        return 8
+    meta = pc._s.meta
+    page = pc._page
+    excess = max(0, int(meta[M_TOKENS] + meta[M_INFLIGHT]) - capacity)
+    bound = min(-(-(need + excess) // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
+    return 4 * (max(bound, 0) // page) + 8
+
+
+def drop_subtree(pc, root, order, out, keep):
+    """The kernel of ``drop_namespace`` with events (under the lock)."""
+    s = pc._s
+    total = int(s.length[order].astype(np.int64).sum())
+    ev = pc._events.ev(pc, 3 * order.shape[0] + total // pc._page + 8)
+    return KP.drop_subtree(s.D, s.like, root, order, pc._page, out, keep, ev)
+
+

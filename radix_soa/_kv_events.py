@@ -1,0 +1,162 @@
+"""KV cache events, in the shape vLLM publishes them
+(``vllm/distributed/kv_events.py``): ``BlockStored``, ``BlockRemoved`` and
+``AllBlocksCleared``, plain data on the wire through ``to_dict`` /
+``event_from_dict``, and the namespace seed of the page hash chain.
+
+A block is a page of ``block_size`` tokens; its hash is chained: it depends
+on every token before it and on the namespace (see ``namespace_seed`` and
+``radix_soa._kernels.chain``). Hashes are ints in ``[0, 2**64)``.
+
+>>> e = BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=[1, 2, 3, 4],
+...                 block_size=2)
+>>> d = e.to_dict(); d["type"], d["block_hashes"]
+('BlockStored', [11, 12])
+>>> event_from_dict(d) == e
+True
+"""
+
+import hashlib
+import operator
+from dataclasses import dataclass
+
+__all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict",
+           "namespace_seed"]
+
+MAX_HASH = 2**64 - 1
+
+
+class EventError(ValueError):
+    """An event that cannot be applied (unknown block, out of order, another
+    page size, malformed); nothing was changed."""
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """A new run of whole pages cached: their chained hashes (root side
+    first), the hash of the page before the run (None: the run starts the
+    sequence), the run's tokens (``len(block_hashes) * block_size``), the
+    LoRA id (an int namespace other than the default) and LoRA name (a str
+    namespace), as vLLM's ``BlockStored``."""
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object = None
+    medium: object = None
+    lora_name: object = None
+
+    def to_dict(self):
+        return {"type": "BlockStored", "block_hashes": list(self.block_hashes),
+                "parent_block_hash": self.parent_block_hash, "token_ids": list(self.token_ids),
+                "block_size": self.block_size, "lora_id": self.lora_id, "medium": self.medium,
+                "lora_name": self.lora_name}
+
+    @property
+    def namespace(self):
+        """The ``PrefixCache`` namespace the pages were cached under."""
+        return self.lora_name if self.lora_name is not None else (self.lora_id or 0)
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Cached pages removed (evicted, dropped with their namespace), by hash."""
+    block_hashes: list
+    medium: object = None
+
+    def to_dict(self):
+        return {"type": "BlockRemoved", "block_hashes": list(self.block_hashes),
+                "medium": self.medium}
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """Every page of the cache removed (``PrefixCache.reset``)."""
+
+    def to_dict(self):
+        return {"type": "AllBlocksCleared"}
+
+
+_TYPES = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved,
+          "AllBlocksCleared": AllBlocksCleared}
+
+
+def _int_list(name, value):
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise EventError(f"{name} must be a list of ints; got {type(value).__name__}")
+    out = []
+    for h in value:
+        try:
+            if isinstance(h, bool):
+                raise TypeError
+            out.append(operator.index(h))
+        except TypeError:
+            raise EventError(f"{name} must hold ints; got {type(h).__name__}") from None
+    return out
+
+
+def _hash_list(name, value):
+    out = _int_list(name, value)
+    for h in out:
+        if not 0 <= h <= MAX_HASH:
+            raise EventError(f"{name}: hash {h} is outside [0, 2**64)")
+    return out
+
+
+def event_from_dict(d):
+    """The event a ``to_dict`` gave (JSON or msgpack decoded), checked:
+    ``EventError`` names what is wrong.
+
+    >>> event_from_dict({"type": "BlockRemoved", "block_hashes": [5]})
+    BlockRemoved(block_hashes=[5], medium=None)
+    """
+    if isinstance(d, (BlockStored, BlockRemoved, AllBlocksCleared)):
+        return d
+    if not isinstance(d, dict):
+        raise EventError(f"an event is an event object or its dict; got {type(d).__name__}")
+    kind = _TYPES.get(d.get("type"))
+    if kind is None:
+        raise EventError(f"unknown event type {d.get('type')!r}; expected one of {sorted(_TYPES)}")
+    if kind is AllBlocksCleared:
+        return AllBlocksCleared()
+    if "block_hashes" not in d:
+        raise EventError(f"a {d['type']} event needs block_hashes")
+    hashes = _hash_list("block_hashes", d["block_hashes"])
+    if kind is BlockRemoved:
+        return BlockRemoved(hashes, d.get("medium"))
+    for key in ("parent_block_hash", "token_ids", "block_size"):
+        if key not in d:
+            raise EventError(f"a BlockStored event needs {key}")
+    parent = d["parent_block_hash"]
+    if parent is not None:
+        parent = _hash_list("parent_block_hash", [parent])[0]
+    size = d["block_size"]
+    if type(size) is not int or size < 1:
+        raise EventError(f"block_size must be a positive int; got {size!r}")
+    tokens = _int_list("token_ids", d["token_ids"])
+    if len(tokens) != len(hashes) * size:
+        raise EventError(f"token_ids holds {len(tokens)} tokens for {len(hashes)} blocks of "
+                         f"{size}")
+    return BlockStored(hashes, parent, tokens, size, d.get("lora_id"), d.get("medium"),
+                       d.get("lora_name"))
+
+
+def namespace_seed(namespace):
+    """The hash before a namespace's first page: the first 8 bytes
+    (little-endian) of BLAKE2b of ``b"i" + str(int)`` for an int namespace
+    (None is 0, the default) or ``b"s" + utf-8`` for a str. Stable across
+    processes and machines (Python's ``hash`` of a str is not).
+
+    >>> namespace_seed(None) == namespace_seed(0) != namespace_seed("0")
+    True
+    """
+    if namespace is None:
+        namespace = 0
+    if isinstance(namespace, str):
+        key = b"s" + namespace.encode("utf-8", "surrogatepass")
+    else:
+        try:
+            key = b"i" + str(operator.index(namespace)).encode()
+        except TypeError:
+            raise TypeError("a namespace must be an int or a str; got "
+                            f"{type(namespace).__name__}") from None
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")

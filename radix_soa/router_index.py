@@ -1,0 +1,322 @@
+"""``RouterIndex``: which worker caches which pages, rebuilt from the
+workers' KV events, and how many leading tokens of a request each holds.
+
+What a cache-aware router (SGLang's gateway, NVIDIA Dynamo's KV router)
+keeps: one node per page any worker caches, keyed by the page's chained
+hash, with the set of workers holding it (a bitmask row, 64 workers a
+word; more words as workers join). Built only from events
+(``PrefixCache(events=True).take_events()``, or their dicts off the wire):
+after a worker's events are applied in order, ``overlap(q)`` gives that
+worker exactly its cache's ``match_length(q)``.
+"""
+
+import operator
+
+import numpy as np
+
+from ._kernels import router as KR
+from ._kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
+                         event_from_dict, namespace_seed)
+from ._sequence import as_tokens
+from ._validate import MAX_PAGE, check_int
+from .batch import as_batches
+
+__all__ = ["RouterIndex"]
+
+_MESSAGES = {
+    KR.E_PARENT: "its parent block {parent} is not held by worker {worker!r} (an event missed "
+                 "or applied out of order)",
+    KR.E_HELD: "block {block} is held by worker {worker!r} already (an event applied twice?)",
+    KR.E_MISMATCH: "block {block} is known with another parent block (another hash function "
+                   "or page size?)",
+}
+
+
+class RouterIndex:
+    """Every worker's cached pages in one struct-of-arrays index, from their
+    KV events.
+
+    >>> import radix_soa as rs
+    >>> a = rs.PrefixCache(page_size=2, events=True, values=False)
+    >>> b = rs.PrefixCache(page_size=2, events=True, values=False)
+    >>> _ = a.insert([1, 2, 3, 4, 5]); _ = b.insert([1, 2, 7, 8])
+    >>> ix = rs.RouterIndex(page_size=2)
+    >>> ix.apply("a", a.take_events()); ix.apply("b", [e.to_dict() for e in b.take_events()])
+    >>> ix.workers, ix.overlap([1, 2, 3, 4, 9]).tolist()
+    (['a', 'b'], [4, 2])
+    >>> ix.overlap_batch([[1, 2, 7, 8], [5, 6]]).tolist()
+    [[2, 4], [0, 0]]
+    >>> ix.remove_worker("a"); ix.workers, len(ix)
+    (['b'], 2)
+
+    ``apply(worker, events)`` takes one worker's events in the order it
+    emitted them, as objects or dicts. Every check comes before any change:
+    an event of another page size, a stored run whose parent block the
+    worker does not hold (an event missed or out of order), a block stored
+    twice, a removed block the worker does not hold, or a malformed event
+    raises ``EventError`` (a ``ValueError``) naming the event and the
+    problem, and the index is left exactly as it was (the events of the
+    call applied before it are undone). Hashes are trusted as page
+    identities: two different pages with one 64-bit hash would be one node.
+
+    Not safe to mutate from several threads at once; reads (``overlap``)
+    may run beside each other.
+    """
+
+    def __init__(self, page_size=16):
+        self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
+        self._cols = {}        # worker id -> column
+        self._col_ids = []     # column -> worker id (None: a free column)
+        self._words = 1
+        self._live = np.zeros(1, np.int64)  # bitmask of the live columns
+        self._alloc(64, 128)
+        self._seeds = {None: np.uint64(namespace_seed(None))}
+
+    # ------------------------------------------------------------ storage
+    def _alloc(self, nodes, slots, old=None):
+        keys = np.zeros(nodes, np.uint64)
+        pkeys = np.zeros(nodes, np.uint64)
+        flags = np.full(nodes, -1, np.int8)
+        masks = np.zeros((nodes, self._words), np.int64)
+        meta = np.zeros(KR.X_SIZE, np.int64)
+        meta[KR.X_FREE] = -1
+        if old is not None:
+            end = int(old["meta"][KR.X_END])
+            keys[:end], pkeys[:end], flags[:end] = (old["keys"][:end], old["pkeys"][:end],
+                                                    old["flags"][:end])
+            masks[:end, :old["masks"].shape[1]] = old["masks"][:end]
+            meta[:] = old["meta"]
+        table = np.full(slots, -1, np.int32)
+        KR.rx_table_rebuild(table, keys, flags, int(meta[KR.X_END]))
+        self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
+                              "_meta": meta, "_table": table})
+
+    def _arrays(self):
+        return {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
+                "masks": self._masks, "meta": self._meta}
+
+    def _reserve(self, new):
+        """Room for ``new`` more nodes (and their table slots, load <= 1/2)."""
+        meta = self._meta
+        live = int(meta[KR.X_LIVE])
+        nodes = self._keys.shape[0]
+        ids = max(int(meta[KR.X_END]), live + new)  # free ids are reused first
+        if ids <= nodes and 2 * (live + new) <= self._table.shape[0]:
+            return
+        size = max(nodes, 64)
+        while size < ids:
+            size *= 2
+        slots = self._table.shape[0]
+        while slots < 2 * (live + new):
+            slots *= 2
+        self._alloc(size, slots, self._arrays())
+
+    def _column(self, worker, create):
+        col = self._cols.get(worker)
+        if col is not None or not create:
+            return col
+        try:
+            hash(worker)
+        except TypeError:
+            raise TypeError(f"a worker id must be hashable; got {type(worker).__name__}") from None
+        col = next((c for c, w in enumerate(self._col_ids) if w is None), len(self._col_ids))
+        if col == len(self._col_ids):
+            self._col_ids.append(None)
+        if col >= 64 * self._words:  # another word of bits per node
+            self._words += 1
+            self._live = np.concatenate([self._live, np.zeros(1, np.int64)])
+            self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
+        return col
+
+    @staticmethod
+    def _bit(col):
+        return col // 64, np.array([1 << (col % 64)], np.uint64).view(np.int64)[0]
+
+    # ------------------------------------------------------------ events
+    def apply(self, worker, events):
+        """Apply ``events`` (``BlockStored``/``BlockRemoved``/
+        ``AllBlocksCleared`` objects or their dicts) that ``worker`` emitted,
+        oldest first; a new worker id joins the index. All or nothing:
+        ``EventError`` on the first bad event, with every change undone."""
+        if isinstance(events, (dict, BlockStored, BlockRemoved, AllBlocksCleared)):
+            events = [events]
+        parsed = []
+        for i, e in enumerate(events):
+            try:
+                e = event_from_dict(e)
+            except EventError as exc:
+                raise EventError(f"event {i}: {exc}") from None
+            if isinstance(e, BlockStored) and e.block_size != self._page:
+                raise EventError(f"event {i}: block_size {e.block_size} but this index has "
+                                 f"page_size {self._page}")
+            parsed.append(e)
+        if not parsed:
+            return
+        new = worker not in self._cols
+        col = self._column(worker, True)
+        undo = []
+        try:
+            for i, e in enumerate(parsed):
+                self._apply_one(i, col, worker, e, undo)
+        except BaseException:
+            for step in reversed(undo):
+                step()
+            if new:
+                self._col_ids[col] = None
+            raise
+        if new:
+            self._cols[worker] = col
+            self._col_ids[col] = worker
+            w, bit = self._bit(col)
+            self._live[w] |= bit
+
+    def _apply_one(self, i, col, worker, e, undo):
+        w, bit = self._bit(col)
+        k, t, f, m, meta = self._keys, self._pkeys, self._flags, self._masks, self._meta
+        if isinstance(e, AllBlocksCleared):
+            self._clear(w, bit, undo)
+            return
+        hashes = np.array(e.block_hashes, np.uint64)
+        if isinstance(e, BlockRemoved):
+            bad = KR.rx_check_remove(self._table, k, f, m, w, bit, hashes)
+            if bad >= 0:
+                raise EventError(f"event {i}: BlockRemoved of block {e.block_hashes[bad]}, which "
+                                 f"worker {worker!r} does not hold")
+            parents = np.empty(hashes.shape[0], np.uint64)
+            hasp = np.empty(hashes.shape[0], np.int8)
+            KR.rx_drop(self._table, k, t, f, m, meta, w, bit, hashes, parents, hasp)
+            undo.append(lambda: self._add(w, bit, hashes, parents, hasp))
+            return
+        has_parent = e.parent_block_hash is not None
+        parent = np.uint64(e.parent_block_hash if has_parent else 0)
+        status, at = KR.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
+                                       has_parent)
+        if status != KR.OK:
+            raise EventError(f"event {i}: BlockStored: " + _MESSAGES[status].format(
+                parent=e.parent_block_hash, worker=worker,
+                block=e.block_hashes[at] if len(e.block_hashes) else None))
+        parents = np.empty(hashes.shape[0], np.uint64)
+        if hashes.shape[0]:
+            parents[0] = parent
+            parents[1:] = hashes[:-1]
+        hasp = np.ones(hashes.shape[0], np.int8)
+        if hashes.shape[0]:
+            hasp[0] = 1 if has_parent else 0
+        self._add(w, bit, hashes, parents, hasp)
+        undo.append(lambda: self._drop(w, bit, hashes))
+
+    def _add(self, w, bit, hashes, parents, hasp):
+        self._reserve(hashes.shape[0])
+        KR.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+                  bit, hashes, parents, hasp)
+
+    def _drop(self, w, bit, hashes):
+        parents = np.empty(hashes.shape[0], np.uint64)
+        hasp = np.empty(hashes.shape[0], np.int8)
+        KR.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+                   bit, hashes, parents, hasp)
+
+    def _clear(self, w, bit, undo=None):
+        live = int(self._meta[KR.X_LIVE])
+        out = np.empty(live, np.uint64)
+        parents = np.empty(live, np.uint64)
+        hasp = np.empty(live, np.int8)
+        n = KR.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                        self._meta, w, bit, out, parents, hasp)
+        if undo is not None:
+            undo.append(lambda: self._add(w, bit, out[:n], parents[:n], hasp[:n]))
+
+    def remove_worker(self, worker):
+        """Forget ``worker`` and every page it holds (``KeyError`` if unknown)."""
+        col = self._cols.get(worker)
+        if col is None:
+            raise KeyError(f"worker {worker!r} is not in the index")
+        w, bit = self._bit(col)
+        self._clear(w, bit)
+        del self._cols[worker]
+        self._col_ids[col] = None
+        self._live[w] &= ~bit
+
+    # ------------------------------------------------------------ queries
+    @property
+    def page_size(self):
+        return self._page
+
+    @property
+    def workers(self):
+        """The worker ids, in the order of ``overlap``'s columns."""
+        return [w for w in self._col_ids if w is not None]
+
+    def __len__(self):
+        """Distinct pages some worker holds."""
+        return int(self._meta[KR.X_LIVE])
+
+    def __contains__(self, worker):
+        return worker in self._cols
+
+    def _seed(self, namespace):
+        try:
+            return self._seeds[namespace]
+        except (KeyError, TypeError):
+            seed = None
+        if seed is None:
+            if not (namespace is None or isinstance(namespace, str)):
+                try:
+                    operator.index(namespace)
+                except TypeError:
+                    raise TypeError("a namespace must be an int or a str; got "
+                                    f"{type(namespace).__name__}") from None
+            seed = np.uint64(namespace_seed(namespace))
+            if type(namespace) in (int, str):
+                self._seeds[namespace] = seed
+        return seed
+
+    def _columns_out(self, res):
+        """``res`` (one entry per column) cut to the live workers' columns."""
+        if None in self._col_ids:
+            keep = [c for c, w in enumerate(self._col_ids) if w is not None]
+            return res[..., keep]
+        return res[..., :len(self._col_ids)]
+
+    def overlap(self, tokens, namespace=None):
+        """Per worker (``workers`` order), the leading tokens of ``tokens``
+        whose whole pages it caches under ``namespace``: an int64 array."""
+        q = as_tokens(tokens)
+        words = self._words
+        res = np.empty(64 * words, np.int64)
+        alive = np.empty(words, np.int64)
+        KR.rx_overlap(self._table, self._keys, self._flags, self._masks, q, 0, q.shape[0],
+                      self._page, self._seed(namespace), self._live, alive, res)
+        return self._columns_out(res)
+
+    def overlap_batch(self, batch, namespace=None):
+        """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
+        takes): an int64 array of requests x workers."""
+        seed = self._seed(namespace)
+        words = self._words
+
+        def run(b, _res):
+            res = np.empty((len(b), 64 * words), np.int64)
+            alive = np.empty(words, np.int64)
+            KR.rx_overlap_batch(self._table, self._keys, self._flags, self._masks, b.flat,
+                                b.offsets, self._page, seed, self._live, alive, res)
+            return self._columns_out(res)
+
+        parts = [run(b, None) for b in as_batches(batch)]
+        if not parts:
+            return np.zeros((0, len(self.workers)), np.int64)
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def blocks_of(self, worker):
+        """The page hashes ``worker`` holds, sorted (for audits and tests)."""
+        col = self._cols.get(worker)
+        if col is None:
+            raise KeyError(f"worker {worker!r} is not in the index")
+        w, bit = self._bit(col)
+        end = int(self._meta[KR.X_END])
+        held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
+        return sorted(self._keys[:end][held].tolist())
+
+    def __repr__(self):
+        return f"RouterIndex(page_size={self._page}, workers={len(self._cols)}, pages={len(self)})"
+
