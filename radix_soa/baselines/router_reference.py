@@ -1,0 +1,125 @@
+"""A pure-Python router index and page hash: the oracle ``RouterIndex`` and
+the kernels' chained hash (``radix_soa._kernels.chain``) are tested against.
+
+``ReferenceRouterIndex`` is a dict from page hash to ``[parent hash, set of
+workers]``; ``page_hash`` / ``chain`` compute the hashes with Python ints.
+
+>>> from radix_soa._kv_events import BlockStored
+>>> h = chain([1, 2, 3, 4], 2)
+>>> ix = ReferenceRouterIndex(2)
+>>> ix.apply("w", [BlockStored(h, None, [1, 2, 3, 4], 2)])
+>>> ix.overlap([1, 2, 3, 9])
+[2]
+"""
+
+import copy
+
+from .._kv_events import (AllBlocksCleared, BlockRemoved, EventError, event_from_dict,
+                          namespace_seed)
+
+M64 = (1 << 64) - 1
+_MUL = 0x9FB21C651E98DF25
+
+
+def mix64(x):
+    """splitmix64's finalizer on a Python int in ``[0, 2**64)``."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    x ^= x >> 31
+    return x
+
+
+def page_hash(h, tokens):
+    """The hash of the page ``tokens`` after a page of hash ``h``."""
+    x = h ^ 0x9E3779B97F4A7C15
+    for t in tokens:
+        x = ((x ^ (int(t) & M64)) * _MUL) & M64
+        x ^= x >> 32
+    return mix64(x)
+
+
+def chain(tokens, page, namespace=None):
+    """The chained hashes of the whole pages of ``tokens``."""
+    h = namespace_seed(namespace)
+    out = []
+    for i in range(len(tokens) // page):
+        h = page_hash(h, tokens[i * page:(i + 1) * page])
+        out.append(h)
+    return out
+
+
+class ReferenceRouterIndex:
+    """``RouterIndex`` semantics on a dict: same checks, same worker order
+    (a removed worker's place is taken by the next new one)."""
+
+    def __init__(self, page_size=16):
+        self.page = page_size
+        self.blocks = {}  # hash -> [parent hash or None, set of workers]
+        self.cols = []    # worker ids by column; None: free
+
+    @property
+    def workers(self):
+        return [w for w in self.cols if w is not None]
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def apply(self, worker, events):
+        if isinstance(events, dict) or not isinstance(events, (list, tuple)):
+            events = [events]
+        events = [event_from_dict(e) for e in events]
+        blocks = copy.deepcopy(self.blocks)  # all or nothing
+        for i, e in enumerate(events):
+            if isinstance(e, AllBlocksCleared):
+                for h in [h for h, (_, ws) in blocks.items() if worker in ws]:
+                    self._take(blocks, h, worker)
+            elif isinstance(e, BlockRemoved):
+                for j, h in enumerate(e.block_hashes):
+                    if h not in blocks or worker not in blocks[h][1] \
+                            or h in e.block_hashes[:j]:
+                        raise EventError(f"event {i}: removed block {h} not held")
+                for h in e.block_hashes:
+                    self._take(blocks, h, worker)
+            else:
+                if e.block_size != self.page:
+                    raise EventError(f"event {i}: block_size {e.block_size}")
+                parent = e.parent_block_hash
+                if parent is not None and (parent not in blocks or worker not in blocks[parent][1]):
+                    raise EventError(f"event {i}: parent not held")
+                for h in e.block_hashes:
+                    if h in blocks and (worker in blocks[h][1] or blocks[h][0] != parent):
+                        raise EventError(f"event {i}: block {h} held or mismatched")
+                    parent = h
+                parent = e.parent_block_hash
+                for h in e.block_hashes:
+                    blocks.setdefault(h, [parent, set()])[1].add(worker)
+                    parent = h
+        self.blocks = blocks
+        if events and worker not in self.cols:
+            free = [c for c, w in enumerate(self.cols) if w is None]
+            if free:
+                self.cols[free[0]] = worker
+            else:
+                self.cols.append(worker)
+
+    @staticmethod
+    def _take(blocks, h, worker):
+        blocks[h][1].discard(worker)
+        if not blocks[h][1]:
+            del blocks[h]
+
+    def remove_worker(self, worker):
+        self.apply(worker, [AllBlocksCleared()])
+        self.cols[self.cols.index(worker)] = None
+
+    def overlap(self, tokens, namespace=None):
+        hashes = chain(list(tokens), self.page, namespace)
+        out = []
+        for w in self.workers:
+            n = 0
+            while n < len(hashes) and hashes[n] in self.blocks and w in self.blocks[hashes[n]][1]:
+                n += 1
+            out.append(n * self.page)
+        return out
