@@ -1,0 +1,146 @@
+"""``RouterIndex``: built from events only, checked against the pure-Python
+reference; bad events raise ``EventError`` and change nothing."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import radix_soa as rs
+from radix_soa.baselines.router_reference import ReferenceRouterIndex, chain
+
+
+def stored(tokens, page=2, cached=0, namespace=None):
+    """The BlockStored a cache emits inserting ``tokens`` after ``cached`` of them."""
+    h = chain(tokens, page, namespace)
+    k = cached // page
+    return rs.BlockStored(h[k:], h[k - 1] if k else None, list(tokens[cached:len(h) * page]),
+                          page)
+
+
+def snapshot(ix, queries):
+    return (ix.workers, len(ix), {w: ix.blocks_of(w) for w in ix.workers},
+            [ix.overlap(q).tolist() for q in queries])
+
+
+QUERIES = [[1, 2, 3, 4, 5, 6], [1, 2, 9, 9], [7, 8], []]
+
+
+def test_overlap_per_worker_and_the_worker_list():
+    ix = rs.RouterIndex(page_size=2)
+    assert ix.workers == [] and len(ix) == 0 and ix.overlap([1, 2]).tolist() == []
+    ix.apply("a", [stored([1, 2, 3, 4])])
+    ix.apply("b", [stored([1, 2, 3, 4, 5, 6]).to_dict()])
+    assert ix.workers == ["a", "b"] and "a" in ix and len(ix) == 3
+    assert ix.overlap([1, 2, 3, 4, 5, 6, 7]).tolist() == [4, 6]
+    assert ix.overlap([1, 2, 3]).tolist() == [2, 2]          # whole pages only
+    assert ix.overlap([1, 2], namespace="other").tolist() == [0, 0]
+    assert ix.overlap_batch([[1, 2, 3, 4, 5, 6], [1, 2], [3, 4]]).tolist() == \
+        [[4, 6], [2, 2], [0, 0]]
+
+
+def test_removing_pages_and_workers_and_reusing_a_column():
+    ix = rs.RouterIndex(page_size=2)
+    for w in "abc":
+        ix.apply(w, stored([1, 2, 3, 4]))
+    h = chain([1, 2, 3, 4], 2)
+    ix.apply("b", [rs.BlockRemoved([h[1]])])
+    assert ix.overlap([1, 2, 3, 4]).tolist() == [4, 2, 4]
+    ix.remove_worker("a")
+    assert ix.workers == ["b", "c"] and ix.overlap([1, 2, 3, 4]).tolist() == [2, 4]
+    ix.apply("d", [stored([1, 2])])
+    assert ix.workers == ["d", "b", "c"]                      # d takes a's column
+    ix.apply("c", [rs.AllBlocksCleared()])
+    assert ix.overlap([1, 2, 3, 4]).tolist() == [2, 2, 0] and len(ix) == 1
+    with pytest.raises(KeyError, match="'zz'"):
+        ix.remove_worker("zz")
+
+
+def test_more_than_64_workers_get_more_mask_words():
+    ix = rs.RouterIndex(page_size=1)
+    for w in range(150):
+        ix.apply(w, stored(list(range(w % 7 + 1)), page=1))
+    got = ix.overlap(list(range(10)))
+    assert got.tolist() == [w % 7 + 1 for w in range(150)]
+    ix.remove_worker(70)
+    assert len(ix.workers) == 149 and ix.overlap([0, 1, 2, 3]).tolist() == \
+        [min(w % 7 + 1, 4) for w in range(150) if w != 70]
+    assert ix.overlap_batch([[0, 1], [5]]).shape == (2, 149)
+
+
+@pytest.mark.parametrize("events, match", [
+    ([stored([1, 2, 3, 4, 5, 6], cached=4)], "parent block .* is not held by worker 'a'"),
+    ([stored([1, 2])], "held by worker 'a' already"),
+    ([rs.BlockRemoved([12345])], "BlockRemoved of block 12345, which worker 'a' does not hold"),
+    ([stored([1, 2, 3], page=3)], "block_size 3 but this index has page_size 2"),
+    ([{"type": "BlockStored"}], "event 0: a BlockStored event needs"),
+    # applied events are undone when a later one is bad
+    ([stored([5, 6, 7, 8]), rs.BlockRemoved([chain([1, 2], 2)[0]]), rs.BlockRemoved([99])],
+     "event 2: BlockRemoved of block 99"),
+    ([rs.AllBlocksCleared(), stored([7, 8]), stored([7, 8, 1, 2], cached=4)], "event 2"),
+])
+def test_a_bad_event_raises_and_leaves_the_index_unchanged(events, match):
+    ix = rs.RouterIndex(page_size=2)
+    ix.apply("a", [stored([1, 2])])
+    ix.apply("b", [stored([1, 2, 3, 4, 5, 6])])
+    before = snapshot(ix, QUERIES)
+    with pytest.raises(rs.EventError, match=match):
+        ix.apply("a", events)
+    assert snapshot(ix, QUERIES) == before
+    with pytest.raises(rs.EventError):
+        ix.apply("new", events if events[0] != stored([1, 2]) else [rs.BlockRemoved([1])])
+    assert snapshot(ix, QUERIES) == before and "new" not in ix
+
+
+def test_a_block_known_under_another_parent_is_refused():
+    ix = rs.RouterIndex(page_size=2)
+    ix.apply("a", [stored([1, 2, 3, 4])])
+    h = chain([1, 2, 3, 4], 2)
+    with pytest.raises(rs.EventError, match="another parent"):
+        ix.apply("b", [rs.BlockStored([h[1]], None, [3, 4], 2)])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="page_size"):
+        rs.RouterIndex(page_size=0)
+    ix = rs.RouterIndex()
+    with pytest.raises(TypeError, match="hashable"):
+        ix.apply([1], [rs.AllBlocksCleared()])
+    with pytest.raises(TypeError, match="namespace"):
+        ix.overlap([1], namespace=1.5)
+    assert ix.workers == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(page=st.sampled_from([1, 2, 4]),
+       ops=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 2), max_size=10),
+                              st.sampled_from(["insert", "evict", "reset", "remove"])),
+                    max_size=30))
+def test_the_index_equals_the_reference_on_event_streams(page, ops):
+    caches = {}
+    ix, ref = rs.RouterIndex(page_size=page), ReferenceRouterIndex(page)
+    for w, seq, kind in ops:
+        pc = caches.setdefault(w, rs.PrefixCache(capacity=10, page_size=page, events=True,
+                                                 values=False))
+        if kind == "insert":
+            pc.insert(seq)
+        elif kind == "evict":
+            pc.evict(len(seq))
+        elif kind == "reset":
+            pc.reset()
+        elif w in ix.workers:
+            pc.take_events()
+            ix.remove_worker(w)
+            ref.remove_worker(w)
+            caches[w] = rs.PrefixCache(capacity=10, page_size=page, events=True, values=False)
+            continue
+        events = pc.take_events()
+        ix.apply(w, events)
+        ref.apply(w, events)
+        assert ix.workers == ref.workers and len(ix) == len(ref)
+        assert ix.overlap(seq).tolist() == ref.overlap(seq)
+        for other in ix.workers:
+            assert ix.overlap(seq)[ix.workers.index(other)] == caches[other].match_length(seq)
+    qs = [seq for _, seq, _ in ops] or [[]]
+    assert ix.overlap_batch(qs).tolist() == [ref.overlap(q) for q in qs]
+    assert np.asarray(ix.overlap_batch(qs)).dtype == np.int64
