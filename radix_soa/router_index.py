@@ -67,10 +67,12 @@ class RouterIndex:
         self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
+        self._out = slice(0, 0)  # the live columns of a result row (a slice when no holes)
         self._words = 1
         self._live = np.zeros(1, np.int64)  # bitmask of the live columns
         self._alloc(64, 128)
-        self._seeds = {None: np.uint64(namespace_seed(None))}
+        self._seed_none = np.uint64(namespace_seed(None))
+        self._seeds = {None: self._seed_none}
 
     # ------------------------------------------------------------ storage
     def _alloc(self, nodes, slots, old=None):
@@ -169,6 +171,7 @@ class RouterIndex:
             self._col_ids[col] = worker
             w, bit = self._bit(col)
             self._live[w] |= bit
+            self._columns_changed()
 
     def _apply_one(self, i, col, worker, e, undo):
         w, bit = self._bit(col)
@@ -178,7 +181,7 @@ class RouterIndex:
             return
         hashes = np.array(e.block_hashes, np.uint64)
         if isinstance(e, BlockRemoved):
-            bad = KR.rx_check_remove(self._table, k, f, m, w, bit, hashes)
+            bad = KR.rx_check_remove(self._table, k, m, w, bit, hashes)
             if bad >= 0:
                 raise EventError(f"event {i}: BlockRemoved of block {e.block_hashes[bad]}, which "
                                  f"worker {worker!r} does not hold")
@@ -236,6 +239,12 @@ class RouterIndex:
         del self._cols[worker]
         self._col_ids[col] = None
         self._live[w] &= ~bit
+        self._columns_changed()
+
+    def _columns_changed(self):
+        keep = [c for c, w in enumerate(self._col_ids) if w is not None]
+        n = len(keep)
+        self._out = slice(0, n) if keep == list(range(n)) else np.array(keep, np.intp)
 
     # ------------------------------------------------------------ queries
     @property
@@ -271,23 +280,14 @@ class RouterIndex:
                 self._seeds[namespace] = seed
         return seed
 
-    def _columns_out(self, res):
-        """``res`` (one entry per column) cut to the live workers' columns."""
-        if None in self._col_ids:
-            keep = [c for c, w in enumerate(self._col_ids) if w is not None]
-            return res[..., keep]
-        return res[..., :len(self._col_ids)]
-
     def overlap(self, tokens, namespace=None):
         """Per worker (``workers`` order), the leading tokens of ``tokens``
         whose whole pages it caches under ``namespace``: an int64 array."""
         q = as_tokens(tokens)
-        words = self._words
-        res = np.empty(64 * words, np.int64)
-        alive = np.empty(words, np.int64)
-        KR.rx_overlap(self._table, self._keys, self._flags, self._masks, q, 0, q.shape[0],
-                      self._page, self._seed(namespace), self._live, alive, res)
-        return self._columns_out(res)
+        seed = self._seed_none if namespace is None else self._seed(namespace)
+        res = np.empty(65 * self._words, np.int64)
+        KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live, res)
+        return res[self._out]
 
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
@@ -296,11 +296,10 @@ class RouterIndex:
         words = self._words
 
         def run(b, _res):
-            res = np.empty((len(b), 64 * words), np.int64)
-            alive = np.empty(words, np.int64)
-            KR.rx_overlap_batch(self._table, self._keys, self._flags, self._masks, b.flat,
-                                b.offsets, self._page, seed, self._live, alive, res)
-            return self._columns_out(res)
+            res = np.empty((len(b), 65 * words), np.int64)
+            KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
+                                self._page, seed, self._live, res)
+            return res[:, self._out]
 
         parts = [run(b, None) for b in as_batches(batch)]
         if not parts:

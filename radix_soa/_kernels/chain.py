@@ -3,9 +3,10 @@
 
 A page's hash depends on every token before it and on the namespace:
 ``h[i] = page_hash(h[i - 1], page i)`` with ``h[-1]`` the namespace's seed.
-``page_hash`` runs one multiply and one xor-shift per token and the
-splitmix64 finalizer per page (about 1 ns a token): fast enough to hash
-every insert and every router query, and a 64-bit value (ints on the wire).
+``page_hash`` runs a multiply and a rotation per token in four
+independent lanes, and chains pages with the splitmix64 finalizer (about
+0.5 ns a token at 16 tokens a page): fast enough to hash every insert and
+every router query, and a 64-bit value (ints on the wire).
 Not cryptographic: anyone who can choose the tokens can make two pages
 collide, which would make a router over-count overlap.
 
@@ -33,17 +34,51 @@ from .table import mix64
 
 REC_STORED = 1
 REC_REMOVED = 2
-_MUL = np.uint64(0x9FB21C651E98DF25)
+# the lanes' multipliers and seeds (odd 64-bit constants of xxHash and splitmix64)
+_M = (np.uint64(0x9FB21C651E98DF25), np.uint64(0xC2B2AE3D27D4EB4F),
+      np.uint64(0x165667B19E3779F9), np.uint64(0xD6E8FEB86659FD93))
+_C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0x85EBCA77C2B2AE63),
+      np.uint64(0x27D4EB2F165667C5), np.uint64(0x94D049BB133111EB))
+
+
+@kernel
+def _rotl(x, r):
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+@kernel
+def _step(x, t, m):
+    return _rotl((x ^ np.uint64(np.int64(t))) * m, 31)
+
+
+@kernel
+def page_content(tokens, s, page):
+    """The hash of the tokens of one page alone: token j goes to lane
+    ``j % 4`` (``x = rotl((x ^ t) * m, 31)``; four independent lanes, so the
+    CPU runs them side by side; tokens past the last multiple of 4 go to
+    lane 0), the lanes rotated apart and xored."""
+    a, b, c, d = _C[0], _C[1], _C[2], _C[3]
+    j = 0
+    while j + 4 <= page:
+        p = np.uintp(s + j)
+        a = _step(a, tokens[p], _M[0])
+        b = _step(b, tokens[p + np.uintp(1)], _M[1])
+        c = _step(c, tokens[p + np.uintp(2)], _M[2])
+        d = _step(d, tokens[p + np.uintp(3)], _M[3])
+        j += 4
+    while j < page:
+        a = _step(a, tokens[np.uintp(s + j)], _M[0])
+        j += 1
+    return a ^ _rotl(b, 16) ^ _rotl(c, 32) ^ _rotl(d, 48)
 
 
 @kernel
 def page_hash(h, tokens, s, page):
-    """The hash of the page ``tokens[s:s+page]`` after a page of hash ``h``."""
-    x = h ^ np.uint64(0x9E3779B97F4A7C15)
-    for j in range(page):
-        x = (x ^ np.uint64(np.int64(tokens[s + j]))) * _MUL
-        x ^= x >> np.uint64(32)
-    return mix64(x)
+    """The chained hash of the page ``tokens[s:s+page]`` after a page of
+    hash ``h``: splitmix64's finalizer of ``h ^ page_content``. Only the
+    finalizer waits for the page before (the content of the next pages is
+    hashed meanwhile), so a chain costs about a finalizer per page."""
+    return mix64(h ^ page_content(tokens, s, page))
 
 
 @kernel

@@ -31,15 +31,15 @@ E_UNKNOWN = 4    # a removed page the worker does not hold
 
 
 @kernel
-def rx_find(table, keys, flags, h):
-    """The live node of hash ``h``, or -1."""
+def rx_find(table, keys, h):
+    """The live node of hash ``h``, or -1 (the table holds live nodes only)."""
     mask = table.shape[0] - 1
     i = np.int64(h & np.uint64(mask))
     while True:
         v = table[i]
         if v < 0:
             return -1
-        if keys[v] == h and flags[v] >= 0:
+        if keys[v] == h:
             return v
         i = (i + 1) & mask
 
@@ -90,14 +90,14 @@ def rx_check_store(table, keys, pkeys, flags, masks, word, bit, hashes, parent, 
     """Whether worker ``(word, bit)`` can store the chain ``hashes`` after
     ``parent``: ``(OK, 0)`` or ``(E_*, index of the offending hash)``."""
     if has_parent:
-        p = rx_find(table, keys, flags, parent)
+        p = rx_find(table, keys, parent)
         if p < 0 or not _held(masks, p, word, bit):
             return E_PARENT, 0
     before = parent
     hasp = has_parent
     for i in range(hashes.shape[0]):
         h = hashes[i]
-        v = rx_find(table, keys, flags, h)
+        v = rx_find(table, keys, h)
         if v >= 0:
             if _held(masks, v, word, bit):
                 return E_HELD, i
@@ -116,7 +116,7 @@ def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, h
     mask = table.shape[0] - 1
     for i in range(hashes.shape[0]):
         h = hashes[i]
-        v = rx_find(table, keys, flags, h)
+        v = rx_find(table, keys, h)
         if v < 0:
             v = meta[X_FREE]
             if v >= 0:
@@ -138,11 +138,11 @@ def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, h
 
 
 @kernel
-def rx_check_remove(table, keys, flags, masks, word, bit, hashes):
+def rx_check_remove(table, keys, masks, word, bit, hashes):
     """The first index of ``hashes`` worker ``(word, bit)`` does not hold
     (a repeat counts: it is gone by then), or -1."""
     for i in range(hashes.shape[0]):
-        v = rx_find(table, keys, flags, hashes[i])
+        v = rx_find(table, keys, hashes[i])
         if v < 0 or not _held(masks, v, word, bit):
             return i
         for j in range(i):
@@ -170,7 +170,7 @@ def rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, 
     ``rx_check_remove`` first), writing each one's parent to ``parents`` /
     ``hasp`` (to undo it with ``rx_add``)."""
     for i in range(hashes.shape[0]):
-        v = rx_find(table, keys, flags, hashes[i])
+        v = rx_find(table, keys, hashes[i])
         parents[i] = pkeys[v]
         hasp[i] = flags[v]
         masks[v, word] &= ~bit
@@ -189,18 +189,25 @@ def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, ha
             hasp[n] = flags[v]
             n += 1
     for i in range(n):
-        v = rx_find(table, keys, flags, out[i])
+        v = rx_find(table, keys, out[i])
         masks[v, word] &= ~bit
         _release(table, keys, flags, masks, meta, v)
     return n
 
 
 @kernel
-def rx_overlap(table, keys, flags, masks, q, qs, qn, page, seed, live, alive, res):
+def rx_overlap(table, keys, masks, q, page, seed, live, res):
+    """``overlap_at`` of all of ``q``."""
+    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res)
+
+
+@kernel
+def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res):
     """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
-    it holds, into ``res`` (every column of ``live``, int64 words; ``alive``
-    is scratch of as many words)."""
+    it holds, into ``res`` (every column of ``live``, int64 words; ``res``
+    has a word of scratch per word of ``live`` after the 64 columns of each)."""
     words = masks.shape[1]
+    alive = res[64 * words:]
     left = 0
     for w in range(words):
         alive[w] = live[w]
@@ -210,7 +217,7 @@ def rx_overlap(table, keys, flags, masks, q, qs, qn, page, seed, live, alive, re
     i = 0
     while i < npages and left != 0:
         h = page_hash(h, q, qs + i * page, page)
-        v = rx_find(table, keys, flags, h)
+        v = rx_find(table, keys, h)
         if v < 0:
             break
         left = 0
@@ -235,8 +242,8 @@ def _set_bits(res, w, bits, value):
 
 
 @kernel_nogil
-def rx_overlap_batch(table, keys, flags, masks, flat, offsets, page, seed, live, alive, res):
-    """``rx_overlap`` of every sequence of a CSR batch into row i of ``res``."""
+def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res):
+    """``overlap_at`` of every sequence of a CSR batch into row i of ``res``."""
     for i in range(offsets.shape[0] - 1):
-        rx_overlap(table, keys, flags, masks, flat, offsets[i], offsets[i + 1] - offsets[i], page,
-                   seed, live, alive, res[i])
+        overlap_at(table, keys, masks, flat, offsets[i], offsets[i + 1] - offsets[i], page,
+                   seed, live, res[i])

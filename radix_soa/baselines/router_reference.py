@@ -18,7 +18,8 @@ from .._kv_events import (AllBlocksCleared, BlockRemoved, EventError, event_from
                           namespace_seed)
 
 M64 = (1 << 64) - 1
-_MUL = 0x9FB21C651E98DF25
+_M = (0x9FB21C651E98DF25, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+_C = (0x9E3779B97F4A7C15, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5, 0x94D049BB133111EB)
 
 
 def mix64(x):
@@ -31,13 +32,22 @@ def mix64(x):
     return x
 
 
+def rotl(x, r):
+    return ((x << r) | (x >> (64 - r))) & M64
+
+
 def page_hash(h, tokens):
-    """The hash of the page ``tokens`` after a page of hash ``h``."""
-    x = h ^ 0x9E3779B97F4A7C15
-    for t in tokens:
-        x = ((x ^ (int(t) & M64)) * _MUL) & M64
-        x ^= x >> 32
-    return mix64(x)
+    """The hash of the page ``tokens`` after a page of hash ``h``:
+    ``mix64(h ^ content)``, the content from four lanes (token j into lane
+    ``j % 4``, those past the last multiple of 4 into lane 0; ``x =
+    rotl((x ^ t) * m, 31)``) rotated apart and xored."""
+    lanes = list(_C)
+    full = len(tokens) - len(tokens) % 4
+    for j, t in enumerate(tokens):
+        lane = j % 4 if j < full else 0
+        lanes[lane] = rotl(((lanes[lane] ^ (int(t) & M64)) * _M[lane]) & M64, 31)
+    content = lanes[0] ^ rotl(lanes[1], 16) ^ rotl(lanes[2], 32) ^ rotl(lanes[3], 48)
+    return mix64(h ^ content)
 
 
 def chain(tokens, page, namespace=None):
