@@ -2,10 +2,9 @@
 mutating calls in that mode.
 
 Every call that adds or removes whole pages hands its kernel an event log
-(``_kernels.chain``) that the kernel fills in the same call that changes the
-tree; the log is queued *before* the kernel runs, so whatever interrupts the
-Python around it, the queue holds exactly what the tree did (an unused log
-decodes to nothing). ``take_events`` decodes the queued logs into
+buffer (``_kernels.chain``) that the kernel appends to in the same call that
+changes the tree; the buffer is queued *before* the kernel runs, so whatever
+interrupts the Python around it, the queue holds exactly what the tree did. ``take_events`` decodes the queued logs into
 ``BlockStored`` / ``BlockRemoved`` objects, oldest first. With events off
 the cache never builds any of this (``PrefixCache._events is None``: one
 branch per call).
@@ -37,20 +36,25 @@ def log_size(tokens, page, items=1):
 
 
 class EventLog:
-    """The pending events of one cache: raw kernel logs (with the namespace
-    keys their numbers refer to) and event objects, oldest first."""
+    """The pending events of one cache, oldest first: int64 buffers the
+    kernels append records to (each with the namespace key list its
+    numbers refer to) and event objects (``AllBlocksCleared``). The last
+    buffer is written until a call may not fit in what is left of it."""
+
+    MIN_BUFFER = 1 << 15
 
     def __init__(self, page):
         self.page = page
         self.queue = []
+        self.active = None  # the buffer in use, last in the queue
         self.scratch = np.empty(64, np.int32)
         self.seeds = np.empty(0, np.uint64)
         self.seeded = None  # the namespace key list ``seeds`` was built from
 
     def ev(self, cache, size):
-        """A fresh log of ``size`` slots, queued, as the ``ev`` tuple kernels
-        take. Call under the cache's lock, after ``_root`` numbered the
-        namespace."""
+        """The ``ev`` tuple kernels take, with room for ``size`` more slots
+        of records. Call under the cache's lock, after ``_root`` numbered
+        the namespace."""
         s = cache._s
         if self.scratch.shape[0] < s.start.shape[0]:
             self.scratch = np.empty(s.start.shape[0], np.int32)
@@ -58,9 +62,12 @@ class EventLog:
         if self.seeded is not keys or self.seeds.shape[0] != len(keys):
             self.seeds = np.array([namespace_seed(k) for k in keys], np.uint64)
             self.seeded = keys
-        log = np.empty(size, np.int64)
-        log[0] = 1
-        self.queue.append((log, keys))
+        log = self.active
+        if log is None or log[0] + size > log.shape[0] or self.queue[-1][1] is not keys:
+            log = np.empty(max(self.MIN_BUFFER, 2 * size), np.int64)
+            log[0] = 1
+            self.queue.append((log, keys))  # queued before any kernel writes to it
+            self.active = log
         return log, self.scratch, self.seeds
 
     def cleared(self):
@@ -72,14 +79,19 @@ class EventLog:
 
     def take(self):
         """Decode and remove everything queued (call under the cache's lock)."""
-        items = list(self.queue)
         out = []
-        for item in items:
+        for item in self.queue:
             if isinstance(item, tuple):
                 out.extend(self._decode(*item))
             else:
                 out.append(item)
-        del self.queue[:len(items)]
+        last = self.queue[-1] if self.queue else None
+        if isinstance(last, tuple) and last[0] is self.active:  # reused, emptied
+            self.active[0] = 1
+            self.queue = [last]
+        else:
+            self.queue = []
+            self.active = None
         return out
 
     def _decode(self, log, keys):
