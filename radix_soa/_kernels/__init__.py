@@ -24,12 +24,16 @@ Modules, bottom up (a module calls only those above it in this list)::
     walks       children_csr -> compact_spans; sorted_children, dfs_terminals
                 -> collect_sequences
     ids         ids_one -> ids_batch (sequence ids); sequence_of
+    chain       page_content -> page_hash -> chain_hashes, log_stored, log_removed
+                (the KV event log)
     prefix      pc_match -> pc_match_one, pc_match_batch; path_values;
                 path_unlocked, room_needed, evict_keeping (pc_lock, pc_evict)
                 -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
     replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
                 request_of -> replay_run (pc_match, room_needed, pc_lock,
                 pc_evict, extend)
+    router      rx_find; rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
+                overlap_at (page_hash) -> rx_overlap, rx_overlap_batch (RouterIndex)
     baselines   the array baselines' kernels (token trie, sequence hash set)
 
 Numba's on-disk cache (``cache=True``) keys a kernel by its own file only: a
