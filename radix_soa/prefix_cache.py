@@ -215,6 +215,8 @@ class PrefixCache(ServingMixin, TreeCache):
         if self._events is None:
             raise ValueError("this cache queues no events; make it with events=True")
         with self._lock:
+            if self._readers:
+                self._drain_readers()
             return self._events.take()
 
     # ------------------------------------------------------------ handles
