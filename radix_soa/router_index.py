@@ -117,6 +117,8 @@ class RouterIndex:
         col = self._cols.get(worker)
         if col is not None or not create:
             return col
+        if worker is None:
+            raise TypeError("a worker id must be hashable and not None")
         try:
             hash(worker)
         except TypeError:

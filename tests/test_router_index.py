@@ -106,6 +106,8 @@ def test_bad_arguments():
     ix = rs.RouterIndex()
     with pytest.raises(TypeError, match="hashable"):
         ix.apply([1], [rs.AllBlocksCleared()])
+    with pytest.raises(TypeError, match="not None"):
+        ix.apply(None, [rs.AllBlocksCleared()])
     with pytest.raises(TypeError, match="namespace"):
         ix.overlap([1], namespace=1.5)
     assert ix.workers == []
