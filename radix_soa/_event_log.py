@@ -23,6 +23,7 @@ from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_s
 from ._results import NOTHING_EVICTED, InsertResult
 from ._validate import MAX_COUNT, check_int, check_length
 from ._sequence import check_fits
+from ._storage import batch_plan
 from .batch import pack_one
 
 _NO_VALUES = np.empty(0, np.int64)
@@ -188,11 +189,12 @@ def insert_batch(pc, batch, values, namespace, priority):
             pc._roots_in_sync()
         cap = pc._kernel_cap()
         ev = pc._events.ev(pc, log_size(flat.shape[0], pc._page, len(b)))
+        grew = []
         s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, pc._page,
                                          cap, cursor, cached, out, priority, ev),
-              plan=lambda st, tokens, nodes: (
-                  max(tokens, int(offsets[-1] - offsets[cursor[0]])),
-                  max(nodes, 2 * (len(b) - int(cursor[0])))))
+              plan=batch_plan(b, cursor, s.count("tokens"), grew))
+        if grew:
+            s.trim_slack(*pc._START)
     return cached, pc._evicted(int(cursor[1]), out)
 
 

@@ -87,6 +87,7 @@ class PrefixCache(ServingMixin, TreeCache):
     """
 
     _events = None  # the KV event queue (``events=True``); None: events off
+    _START = (_START_NODES, _START_TOKENS)  # the arrays' starting sizes (trim_slack's floor)
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
                  count_inflight=False, eviction_policy="lru", events=False):
