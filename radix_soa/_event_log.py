@@ -194,7 +194,10 @@ def insert_batch(pc, batch, values, namespace, priority):
                                          cap, cursor, cached, out, priority, ev),
               plan=batch_plan(b, cursor, s.count("tokens"), grew))
         if grew:
-            s.trim_slack(*pc._START)
+            try:
+                s.trim_slack(*pc._START)
+            except MemoryError:  # giving memory back is optional; the batch is in
+                pass
     return cached, pc._evicted(int(cursor[1]), out)
 
 
