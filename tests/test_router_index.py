@@ -125,7 +125,10 @@ def test_the_index_equals_the_reference_on_event_streams(page, ops):
         pc = caches.setdefault(w, rs.PrefixCache(capacity=10, page_size=page, events=True,
                                                  values=False))
         if kind == "insert":
-            pc.insert(seq)
+            try:
+                pc.insert(seq)
+            except rs.CacheFullError:  # its own cached path leaves no room: nothing changed
+                pass
         elif kind == "evict":
             pc.evict(len(seq))
         elif kind == "reset":
