@@ -9,25 +9,18 @@ interrupts the Python around it, the queue holds exactly what the tree did. ``ta
 the cache never builds any of this (``PrefixCache._events is None``: one
 branch per call).
 
-The calls here mirror ``PrefixCache.insert``/``insert_batch``/``evict``/
-``drop_namespace`` step by step, passing the log to the same kernels; the
-tests check that a cache with events behaves exactly as one without.
+The cache's calls pass ``ev`` (``EventLog.ev``, or None with events off)
+to the same kernels; the tests check that a cache with events behaves
+exactly as one without.
 """
 
 import numpy as np
 
 from ._kernels import prefix as KP
 from ._kernels.chain import REC_REMOVED, REC_STORED
-from ._kernels.layout import FULL, M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
+from ._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
 from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
-from ._results import NOTHING_EVICTED, InsertResult
-from ._validate import MAX_COUNT, check_int, check_length
-from ._sequence import check_fits
-from ._storage import batch_plan
-from .batch import pack_one
 
-_NO_VALUES = np.empty(0, np.int64)
-_new = tuple.__new__
 
 
 def log_size(tokens, page, items=1):
@@ -122,104 +115,7 @@ class EventLog:
         return events
 
 
-# ---------------------------------------------------------------- the calls
-
-def insert(pc, tokens, values, namespace, priority):
-    """``PrefixCache.insert`` with events."""
-    s = pc._s
-    if type(priority) is not int or priority:
-        pc._check_priority(priority)
-    if s.readonly:
-        pc._writable()
-    q, n, vals = pc._tokens_and_values(tokens, values)
-    page = pc._page
-    out = np.empty(n, np.int64) if pc._capacity is not None and s.has_values else _NO_VALUES
-    with pc._lock:
-        if pc._readers:
-            pc._drain_readers()
-        s = pc._s
-        cap = pc._kernel_cap()
-        root, ns = pc._root(namespace)
-        ev = pc._events.ev(pc, log_size(n, page))
-        status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
-            s.D, s.like, root, ns, q, n, vals, page, cap, out, priority, ev))
-        if status == FULL:
-            raise pc._full(n)
-        if root < 0:
-            pc._roots_in_sync()
-    return _new(InsertResult, (cached, pc._handle(v, gen), pc._evicted(freed, out)))
-
-
-def insert_batch(pc, batch, values, namespace, priority):
-    """``PrefixCache.insert_batch`` with events."""
-    s = pc._s
-    pc._writable()
-    if type(priority) is not int or priority:
-        pc._check_priority(priority)
-    b = pack_one(batch)
-    if s.narrow:
-        check_fits(b.flat, s.dtype)
-    if len(b):
-        check_length(int(b.lengths.max()), "a sequence of the batch")
-    if s.has_values:
-        if values is None:
-            raise ValueError("this cache keeps a value per token; pass values=")
-        vb = pack_one(values)
-        if not np.array_equal(vb.offsets - vb.offsets[0], b.offsets - b.offsets[0]):
-            raise ValueError("values must have one value per token of every sequence")
-        vflat = np.ascontiguousarray(vb.flat)
-    else:
-        if values is not None:
-            raise ValueError("this cache keeps no values (values=False); pass values=None")
-        vflat = _NO_VALUES
-    flat = np.ascontiguousarray(b.flat)
-    offsets = np.ascontiguousarray(b.offsets - b.offsets[0])
-    cached = np.zeros(len(b), np.int64)
-    out = np.empty(flat.shape[0] if s.has_values and pc._capacity is not None else 0, np.int64)
-    cursor = np.zeros(2, np.int64)
-    with pc._lock:
-        if pc._readers:
-            pc._drain_readers()
-        s = pc._s
-        if not len(b):
-            return cached, NOTHING_EVICTED[s.has_values]
-        root, ns = pc._root(namespace)
-        if root < 0:
-            root = s.new_root(ns)
-            pc._roots_in_sync()
-        cap = pc._kernel_cap()
-        ev = pc._events.ev(pc, log_size(flat.shape[0], pc._page, len(b)))
-        grew = []
-        s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, pc._page,
-                                         cap, cursor, cached, out, priority, ev),
-              plan=batch_plan(b, cursor, s.count("tokens"), grew))
-        if grew:
-            try:
-                s.trim_slack(*pc._START)
-            except MemoryError:  # giving memory back is optional; the batch is in
-                pass
-    return cached, pc._evicted(int(cursor[1]), out)
-
-
-def evict(pc, num_tokens):
-    """``PrefixCache.evict`` with events."""
-    if pc._s.readonly:
-        pc._writable()
-    n = num_tokens
-    if type(n) is not int or not 0 <= n <= MAX_COUNT:
-        n = check_int("num_tokens", num_tokens, minimum=0)
-    page = pc._page
-    with pc._lock:
-        if pc._readers:
-            pc._drain_readers()
-        s = pc._s
-        meta = s.meta
-        bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
-        out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
-        ev = pc._events.ev(pc, 4 * (bound // page) + 8)
-        freed = KP.pc_evict_one(s.D, s.like, n, page, out, ev)
-    return pc._evicted(freed, out)
-
+# ---------------------------------------------------------------- room in the log
 
 def begin_log_size(pc, capacity, need):
     """Room the log of a ``begin`` reserving ``need`` tokens needs (it

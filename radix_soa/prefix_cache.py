@@ -87,7 +87,6 @@ class PrefixCache(ServingMixin, TreeCache):
     """
 
     _events = None  # the KV event queue (``events=True``); None: events off
-    _START = (_START_NODES, _START_TOKENS)  # the arrays' starting sizes (trim_slack's floor)
 
     def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
                  count_inflight=False, eviction_policy="lru", events=False):
@@ -407,8 +406,6 @@ class PrefixCache(ServingMixin, TreeCache):
         ``priority``: the request's priority (``eviction_policy="priority"``:
         a node keeps the highest priority of the inserts that reached it).
         """
-        if self._events is not None:
-            return _event_log.insert(self, tokens, values, namespace, priority)
         s = self._s
         if type(priority) is not int or priority:
             self._check_priority(priority)
@@ -427,11 +424,13 @@ class PrefixCache(ServingMixin, TreeCache):
             ns = 0
             if root < 0:
                 root, ns = self._root(namespace)
+            ev = None if self._events is None else self._events.ev(
+                self, _event_log.log_size(n, self._page))
             status, cached, v, gen, freed = KP.pc_insert_one(s.D, s.like, root, ns, q, n, vals,
-                                                             self._page, cap, out, priority)
+                                                             self._page, cap, out, priority, ev)
             if status == ROOM:
                 status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
-                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority))
+                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority, ev))
             if status == FULL:
                 raise self._full(n)
             if root < 0:
@@ -458,8 +457,6 @@ class PrefixCache(ServingMixin, TreeCache):
         >>> cached.tolist(), pc.match([1, 2, 4]).values.tolist()
         ([0, 2], [7, 8, 6])
         """
-        if self._events is not None:
-            return _event_log.insert_batch(self, batch, values, namespace, priority)
         s = self._s
         self._writable()
         if type(priority) is not int or priority:
@@ -497,9 +494,11 @@ class PrefixCache(ServingMixin, TreeCache):
                 root = s.new_root(ns)
                 self._roots_in_sync()
             cap = self._kernel_cap()
+            ev = None if self._events is None else self._events.ev(
+                self, _event_log.log_size(flat.shape[0], self._page, len(b)))
             grew = []
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
-                                             cap, cursor, cached, out, priority),
+                                             cap, cursor, cached, out, priority, ev),
                   plan=batch_plan(b, cursor, s.count("tokens"), grew))
             if grew:
                 try:
@@ -647,8 +646,6 @@ class PrefixCache(ServingMixin, TreeCache):
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the unlocked leaves the eviction
         policy scores lowest (least recently used by default): ``EvictResult(num_tokens, values)`` with the freed values."""
-        if self._events is not None:
-            return _event_log.evict(self, num_tokens)
         s = self._s
         if s.readonly:
             self._writable()
@@ -663,7 +660,8 @@ class PrefixCache(ServingMixin, TreeCache):
             meta = s.meta
             bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
             out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
-            freed = KP.pc_evict_one(s.D, s.like, n, page, out)
+            ev = None if self._events is None else self._events.ev(self, 4 * (bound // page) + 8)
+            freed = KP.pc_evict_one(s.D, s.like, n, page, out, ev)
         return self._evicted(freed, out)
 
     # ------------------------------------------------------------ state
