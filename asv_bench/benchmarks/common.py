@@ -75,3 +75,41 @@ def mooncake_conversation():
 
     path = TRACES / "mooncake-fast25" / "conversation_trace.jsonl"
     return traces.load_mooncake(path) if path.exists() else None
+
+
+def short_corpus(n, n_prompts=1000, prompt_len=(20, 100), tail_len=(1, 45), vocab=32_000,
+                 seed=0):
+    """``n`` short sequences as a CSR pair ``(flat, offsets)`` (int64): each
+    is one of ``n_prompts`` prompts of ``prompt_len`` tokens (inclusive
+    range, drawn per prompt) and a random tail of ``tail_len`` tokens, about
+    83 tokens in all. Built in chunks, so 10^7 sequences need no index
+    array of their size."""
+    rng = np.random.default_rng(seed)
+    plens = rng.integers(prompt_len[0], prompt_len[1] + 1, n_prompts)
+    poff = np.zeros(n_prompts + 1, np.int64)
+    np.cumsum(plens, out=poff[1:])
+    prompts = rng.integers(0, vocab, int(poff[-1]))
+    which = rng.integers(0, n_prompts, n)
+    tails = rng.integers(tail_len[0], tail_len[1] + 1, n)
+    lengths = plens[which] + tails
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = rng.integers(0, vocab, int(offsets[-1]))
+    chunk = 100_000
+    for a in range(0, n, chunk):
+        w = which[a:a + chunk]
+        k = plens[w]
+        dst = np.repeat(offsets[a:a + w.shape[0]] - np.concatenate([[0], np.cumsum(k)[:-1]]), k)
+        src = np.repeat(poff[w] - np.concatenate([[0], np.cumsum(k)[:-1]]), k)
+        pos = np.arange(int(k.sum()))
+        flat[dst + pos] = prompts[src + pos]
+    return flat, offsets
+
+
+def take_csr(flat, offsets, idx):
+    """Sequences ``idx`` of a CSR pair, in that order, as a new CSR pair."""
+    lengths = offsets[idx + 1] - offsets[idx]
+    out_off = np.zeros(idx.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=out_off[1:])
+    pos = np.repeat(offsets[idx] - out_off[:-1], lengths) + np.arange(int(out_off[-1]))
+    return flat[pos], out_off
