@@ -113,3 +113,24 @@ def take_csr(flat, offsets, idx):
     np.cumsum(lengths, out=out_off[1:])
     pos = np.repeat(offsets[idx] - out_off[:-1], lengths) + np.arange(int(out_off[-1]))
     return flat[pos], out_off
+
+
+def copied_trace(trace, copies):
+    """``trace`` run ``copies`` times back to back, each copy's ids offset
+    past every id of the copies before it (so the copies share nothing, as
+    ``copies`` times the users would), its timestamps after the last one."""
+    from radix_soa.studies.traces import Trace
+
+    if copies == 1:
+        return trace
+    span = int(trace.flat.max()) + 1 if trace.flat.size else 1
+    n, m = len(trace), trace.flat.shape[0]
+    shift = np.repeat(np.arange(copies, dtype=np.int64) * span, m)
+    offsets = (trace.offsets[:-1][None, :] + (np.arange(copies) * m)[:, None]).ravel()
+    t_span = float(trace.timestamps[-1] - trace.timestamps[0]) + 1.0 if n else 1.0
+    return Trace(name=f"{trace.name} x{copies}", flat=np.tile(trace.flat, copies) + shift,
+                 offsets=np.append(offsets, copies * m),
+                 timestamps=(trace.timestamps[None, :] + (np.arange(copies) * t_span)[:, None]).ravel(),
+                 input_tokens=np.tile(trace.input_tokens, copies),
+                 output_tokens=np.tile(trace.output_tokens, copies),
+                 namespace=np.tile(trace.namespace, copies), block_size=trace.block_size)
