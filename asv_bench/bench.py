@@ -844,8 +844,73 @@ def section_scale(repeat):
     line("build + exists_batch (1 thread)", t_ours, t_set, "set of xxh64")
 
 
+def _kvcache_sim_seconds(trace, caps):
+    """Seconds per capacity of kvcache-simulator's C++ backend (LRU) on
+    ``trace`` (its own binary, fed our ids), or None when the package is
+    absent."""
+    try:
+        from kvcache_sim.cpp_backend import ensure_cpp_simulator, run_cpp_sweep
+        from kvcache_sim.trace import TraceData, block_tokens
+    except ImportError:
+        return None
+    ensure_cpp_simulator()
+    bs = trace.block_size
+    lengths = np.diff(trace.offsets)
+    weights = [block_tokens(int(n_in), bs, j, int(k)) for n_in, k in
+               zip(trace.input_tokens.tolist(), lengths.tolist()) for j in range(k)]
+    data = TraceData(ids=trace.flat.tolist(), tokens=weights, request_starts=trace.offsets.tolist(),
+                     block_size=bs, request_count=len(trace),
+                     unique_raw_blocks=int(np.unique(trace.flat).size),
+                     total_input_tokens=int(trace.input_tokens.sum()),
+                     average_input_tokens=float(trace.input_tokens.mean()), parse_errors=0,
+                     skipped_records=0)
+    t0 = time.perf_counter()
+    run_cpp_sweep(data, capacities=list(caps), policies=["lru"], warmup_requests=0)
+    return (time.perf_counter() - t0) / len(caps)
+
+
+def section_replay_scale(repeat):
+    """Replay time per request as the trace grows: the Mooncake conversation
+    trace run 1, 10 and 100 times back to back (each copy's ids offset, so
+    the copies share nothing), at 5 capacities from 1/40 of each trace's
+    unbounded peak to the peak; with kvcache-simulator 0.1.3's C++ backend
+    as a baseline when it is installed (pip install kvcache-simulator==0.1.3)."""
+    radix_soa.warmup()
+    base = common.mooncake_conversation()
+    if base is None:
+        print("\n[replay_scale] the Mooncake traces are not present; skipped")
+        return
+    per_request = {}
+    print("\n[replay_scale] Mooncake conversation trace copied k times; us per request per capacity")
+    for k in size((1, 10, 100), (1, 10)):
+        progress(f"replay_scale: x{k}")
+        trace = common.copied_trace(base, k)
+        full = radix_soa.replay(trace)
+        fracs = np.linspace(1 / 40, 1, 5)
+        caps = [max(1, int(full.peak_ids * f)) for f in fracs]
+        ours = []
+        for c in caps:
+            t = best_of(lambda: radix_soa.replay(trace, capacity=c), repeat if k < 100 else 1)
+            ours.append(t)
+        per_request[k] = [t / len(trace) for t in ours]
+        row = "  ".join(f"{f:.2f}: {t * 1e6:6.2f}" for f, t in zip(fracs, per_request[k]))
+        print(f"  x{k:<3} ({len(trace):>9,} requests, {trace.num_blocks:>11,} ids) {row}")
+        if k > 1:
+            worst = max(a / b for a, b in zip(per_request[k], per_request[1]))
+            print(f"       per request vs x1, worst capacity: {worst:.2f}x")
+        if k <= 10:
+            sim = _kvcache_sim_seconds(trace, caps)
+            if sim is None:
+                print("       kvcache-simulator not installed: baseline skipped")
+            else:
+                mean = sum(ours) / len(ours)
+                print(f"       kvcache-simulator C++ {sim:.3f} s per capacity vs radix_soa "
+                      f"{mean:.3f} s: ratio {sim / mean:.1f}x")
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
             "memory": section_memory, "replay": section_replay, "scale": section_scale,
+            "replay_scale": section_replay_scale,
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
             "sglang": section_sglang, "dask": section_dask, "events": section_events}
