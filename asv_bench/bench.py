@@ -715,8 +715,203 @@ def section_events(repeat):
               f"costs {best['overlap'] / best['match_length']:.2f}x a match_length (target <= 2)")
 
 
+def _compare_floor():
+    """A Numba loop comparing each query's tokens with a copy of them, in
+    CSR order: the memory floor of a lookup that reads every query token
+    once against stored tokens."""
+    import numba
+
+    @numba.njit(nogil=True, cache=False)
+    def floor(flat, copy, offsets, out):
+        for i in range(offsets.shape[0] - 1):
+            a = offsets[i]
+            diff = 0
+            for j in range(offsets[i + 1] - a):  # unsigned indices vectorize
+                diff |= flat[np.uintp(a + j)] ^ copy[np.uintp(a + j)]
+            out[i] = diff == 0
+
+    return floor
+
+
+def _xxh64_set(flat, offsets, qflat, qoffsets):
+    """Exact membership the plain Python way: a set of xxh64 digests of each
+    sequence's bytes, then one digest and set lookup per query. Returns the
+    hits (as a bool array)."""
+    import xxhash
+
+    h = xxhash.xxh64_intdigest
+    mv = memoryview(flat).cast("B")
+    off = (offsets * 8).tolist()
+    digests = {h(mv[a:b]) for a, b in zip(off[:-1], off[1:])}
+    qmv = memoryview(qflat).cast("B")
+    qoff = (qoffsets * 8).tolist()
+    return np.fromiter((h(qmv[a:b]) in digests for a, b in zip(qoff[:-1], qoff[1:])), np.bool_,
+                       len(qoff) - 1)
+
+
+def _scale_row(n, repeat, floor, rng):
+    """One size of the scale section: build, then serial lookups of up to
+    10^6 stored sequences in insertion order and shuffled (ns figures)."""
+    flat, offsets = common.short_corpus(n)
+    built = []
+
+    def build(_):
+        built[:] = [radix_soa.RadixCache()]
+        built[0].insert_batch((flat, offsets))
+
+    t_ins = best_of(build, repeat, setup=built.clear)
+    tree = built[0]
+    nq = min(n, 10**6)
+    idx = np.sort(rng.choice(n, nq, replace=False)) if nq < n else np.arange(n)
+    ordered = common.take_csr(flat, offsets, idx)
+    shuffled = common.take_csr(flat, offsets, rng.permutation(idx))
+    qtok = int(ordered[1][-1])
+    copy = ordered[0].copy()
+    hits = np.empty(nq, np.bool_)
+    floor(ordered[0], copy, ordered[1], hits)
+    t_floor = best_of(lambda: floor(ordered[0], copy, ordered[1], hits), repeat + 2)
+    row = {"n": n, "insert": t_ins / n * 1e9, "floor": t_floor / qtok * 1e9,
+           "tok_per_seq": int(offsets[-1]) / n, "mib": tree.memory_report()["used_bytes"] / 2**20}
+    for name, q in (("ins", ordered), ("rnd", shuffled)):
+        if not tree.exists_batch(q, parallel=False).all():
+            raise AssertionError("a stored sequence was not found")
+        if not np.array_equal(tree.match_prefix_batch(q, parallel=False), np.diff(q[1])):
+            raise AssertionError("a stored sequence did not match in full")
+        t = best_of(lambda: tree.exists_batch(q, parallel=False), repeat)
+        row[f"exists_{name}"] = t / qtok * 1e9
+        t = best_of(lambda: tree.match_prefix_batch(q, parallel=False), repeat)
+        row[f"match_{name}"] = t / qtok * 1e9
+    return row
+
+
+def section_scale(repeat):
+    """Cost per sequence and per query token as the short workload grows
+    past the last-level cache (issue 12): 1,000 prompts of 20-100 tokens
+    plus tails of 1-45 (about 83 tokens per sequence). Lookups run serially
+    on up to 10^6 stored sequences (all of them below 10^6, a sample
+    above), in insertion order and shuffled, against a Numba loop comparing
+    the same tokens with a copy (the floor). ``RADIX_BENCH_SCALE_MAX`` sets
+    the largest size (default 10^6; 10^7 needs about 12 GB)."""
+    radix_soa.warmup()
+    top = int(os.environ.get("RADIX_BENCH_SCALE_MAX", 10**6))
+    sizes = [n for n in (10**4, 10**5, 10**6, 10**7) if n <= size(top, min(top, 10**5))]
+    floor = _compare_floor()
+    rng = np.random.default_rng(1)
+    print("\n[scale] short workload (1,000 prompts of 20-100 tokens + tails of 1-45), serial; "
+          "ns per sequence (insert) and per query token (lookups)")
+    rows = []
+    for n in sizes:
+        progress(f"scale: {n:,} sequences")
+        row = _scale_row(n, repeat, floor, rng)
+        print(f"  {n:>10,} seqs ({row['tok_per_seq']:.1f} tok/seq, tree {row['mib']:,.0f} MiB): "
+              f"insert_batch {row['insert']:6.0f} ns/seq; per query token: floor "
+              f"{row['floor']:.2f} ns, exists {row['exists_ins']:.2f} "
+              f"({row['exists_ins'] / row['floor']:.1f}x) / shuffled {row['exists_rnd']:.2f} "
+              f"({row['exists_rnd'] / row['exists_ins']:.2f}x order), match {row['match_ins']:.2f} "
+              f"({row['match_ins'] / row['floor']:.1f}x) / shuffled {row['match_rnd']:.2f} "
+              f"({row['match_rnd'] / row['match_ins']:.2f}x order)")
+        rows.append(row)
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        print(f"  {b['n']:,} vs {a['n']:,}: insert_batch ns/seq {b['insert'] / a['insert']:.2f}x, "
+              f"exists ns/token {b['exists_ins'] / a['exists_ins']:.2f}x, "
+              f"match ns/token {b['match_ins'] / a['match_ins']:.2f}x")
+
+    n = size(10**6, 10**5)
+    try:
+        import xxhash
+    except ImportError:
+        print("\n[scale] exact membership: the xxh64 baseline needs xxhash (pip install xxhash)")
+        return
+    progress(f"scale: exact membership of {n:,} sequences (xxhash {xxhash.VERSION})")
+    flat, offsets = common.short_corpus(n)
+    # every stored sequence in shuffled order, every other one with its last
+    # token changed (a near miss: the descent reads it in full)
+    queries = common.take_csr(flat, offsets, rng.permutation(n))
+    queries[0][queries[1][2::2] - 1] += 1_000_000
+
+    def ours():
+        rc = radix_soa.RadixCache()
+        rc.insert_batch((flat, offsets))
+        return rc.exists_batch(queries, parallel=False)
+
+    want = _xxh64_set(flat, offsets, *queries)
+    if not np.array_equal(ours(), want):
+        raise AssertionError("radix_soa and the xxh64 set disagree")
+    t_ours = best_of(ours, repeat)
+    t_set = best_of(lambda: _xxh64_set(flat, offsets, *queries), repeat)
+    print(f"\n[scale] exact membership, {n:,} short sequences stored + {n:,} queries (half near misses):")
+    line("build + exists_batch (1 thread)", t_ours, t_set, "set of xxh64")
+
+
+def _kvcache_sim_seconds(trace, caps):
+    """Seconds per capacity of kvcache-simulator's C++ backend (LRU) on
+    ``trace`` (its own binary, fed our ids), or None when the package is
+    absent."""
+    try:
+        from kvcache_sim.cpp_backend import ensure_cpp_simulator, run_cpp_sweep
+        from kvcache_sim.trace import TraceData, block_tokens
+    except ImportError:
+        return None
+    ensure_cpp_simulator()
+    bs = trace.block_size
+    lengths = np.diff(trace.offsets)
+    weights = [block_tokens(int(n_in), bs, j, int(k)) for n_in, k in
+               zip(trace.input_tokens.tolist(), lengths.tolist()) for j in range(k)]
+    data = TraceData(ids=trace.flat.tolist(), tokens=weights, request_starts=trace.offsets.tolist(),
+                     block_size=bs, request_count=len(trace),
+                     unique_raw_blocks=int(np.unique(trace.flat).size),
+                     total_input_tokens=int(trace.input_tokens.sum()),
+                     average_input_tokens=float(trace.input_tokens.mean()), parse_errors=0,
+                     skipped_records=0)
+    t0 = time.perf_counter()
+    run_cpp_sweep(data, capacities=list(caps), policies=["lru"], warmup_requests=0)
+    return (time.perf_counter() - t0) / len(caps)
+
+
+def section_replay_scale(repeat):
+    """Replay time per request as the trace grows: the Mooncake conversation
+    trace run 1, 10 and 100 times back to back (each copy's ids offset, so
+    the copies share nothing), at 5 capacities from 1/40 of each trace's
+    unbounded peak to the peak; with kvcache-simulator 0.1.3's C++ backend
+    as a baseline when it is installed (pip install kvcache-simulator==0.1.3)."""
+    radix_soa.warmup()
+    base = common.mooncake_conversation()
+    if base is None:
+        print("\n[replay_scale] the Mooncake traces are not present; skipped")
+        return
+    per_request = {}
+    print("\n[replay_scale] Mooncake conversation trace copied k times; us per request per capacity")
+    for k in size((1, 10, 100), (1, 10)):
+        progress(f"replay_scale: x{k}")
+        trace = common.copied_trace(base, k)
+        full = radix_soa.replay(trace)
+        fracs = np.linspace(1 / 40, 1, 5)
+        caps = [max(1, int(full.peak_ids * f)) for f in fracs]
+        ours = []
+        for c in caps:
+            t = best_of(lambda: radix_soa.replay(trace, capacity=c), repeat if k < 100 else 1)
+            ours.append(t)
+        per_request[k] = [t / len(trace) for t in ours]
+        row = "  ".join(f"{f:.2f}: {t * 1e6:6.2f}" for f, t in zip(fracs, per_request[k]))
+        print(f"  x{k:<3} ({len(trace):>9,} requests, {trace.num_blocks:>11,} ids) {row}")
+        if k > 1:
+            worst = max(a / b for a, b in zip(per_request[k], per_request[1]))
+            print(f"       per request vs x1, worst capacity: {worst:.2f}x")
+        if k <= 10:
+            sim = _kvcache_sim_seconds(trace, caps)
+            if sim is None:
+                print("       kvcache-simulator not installed: baseline skipped")
+            else:
+                mean = sum(ours) / len(ours)
+                print(f"       kvcache-simulator C++ {sim:.3f} s per capacity vs radix_soa "
+                      f"{mean:.3f} s: ratio {sim / mean:.1f}x")
+
+
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory, "replay": section_replay, "threads": section_threads, "serving": section_serving,
+            "memory": section_memory, "replay": section_replay, "scale": section_scale,
+            "replay_scale": section_replay_scale,
+            "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
             "sglang": section_sglang, "dask": section_dask, "events": section_events}
 

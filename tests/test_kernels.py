@@ -230,3 +230,36 @@ def test_a_directory_keeps_its_arrays_alive():
     del D
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("page", [1, 3])
+def test_grouped_batch_descents_equal_one_descent_per_query(page):
+    # more queries than a group (lanes refill), more than a parallel chunk,
+    # small alphabet (long probe runs, shared prefixes, splits), and queries
+    # that are empty, shorter than a page, strict prefixes and near misses
+    rng = np.random.default_rng(7)
+    stored = [rng.integers(0, 4, int(k)) for k in rng.integers(1, 30, 3000)]
+    stored = [s[:len(s) - len(s) % page] for s in stored if len(s) >= page]
+    pc = PrefixCache(page_size=page, values=False)
+    for s in stored:
+        pc.insert(s)
+    queries = [s.copy() for s in stored] + [s[:len(s) // 2] for s in stored]
+    queries += [np.zeros(0, np.int64), np.array([1]), np.array([1, 2])]
+    for s in stored[:2000]:
+        q = s.copy()
+        q[-1] = 9
+        queries.append(q)
+    order = rng.permutation(len(queries))
+    queries = [queries[i] for i in order] * 2  # > KD.CHUNK queries in all
+    assert len(queries) > KD.CHUNK
+    expect = [pc.match_length(q) for q in queries]
+    for parallel in (False, True):
+        assert pc.match_length_batch(queries, parallel=parallel).tolist() == expect
+    if page == 1:
+        rc = RadixCache()
+        rc.insert_batch(stored)
+        want_exists = [rc.exists(q) for q in queries]
+        want_match = [rc.match_prefix(q) for q in queries]
+        for parallel in (False, True):
+            assert rc.exists_batch(queries, parallel=parallel).tolist() == want_exists
+            assert rc.match_prefix_batch(queries, parallel=parallel).tolist() == want_match

@@ -10,14 +10,17 @@ item they stopped at.)
 
 Modules, bottom up (a module calls only those above it in this list)::
 
-    config      the decorators (kernel, kernel_alloc, kernel_parallel, kernel_nogil)
+    config      the decorators (kernel, kernel_alloc, kernel_parallel, kernel_nogil,
+                kernel_scratch)
+    prefetch    prefetch (a cache hint; an intrinsic)
     scan        count_zero_one (input checks)
     layout      Tree fields and index constants, meta slots, load limit, statuses
     table       mix64, key_hash -> find_child, table_put, table_slot,
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room
     heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, touch
-    descent     common -> descend -> exists_one, match_one -> exists_batch(_parallel),
-                match_batch(_parallel)
+    descent     common -> descend -> exists_one, match_one; settle, refill ->
+                descend_lanes (GROUP queries interleaved, prefetched) ->
+                exists_batch(_parallel), match_batch(_parallel)
     mutation    alloc_node, free_node, new_root; copy_run; split, new_leaf -> extend
                 -> insert_one -> radix_insert, radix_insert_batch; set_terminal;
                 unlink, merge_room, merge_into_child -> remove_one

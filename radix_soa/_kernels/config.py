@@ -9,7 +9,8 @@ back to plain ``njit(cache=True)``, which is correct, only slower per call.
 
 ``kernel_alloc`` is for the few kernels that build new arrays, ``kernel_parallel``
 for ``prange`` loops, ``kernel_nogil`` for the replay (sweeps run replays on
-threads).
+threads), ``kernel_scratch`` for GIL-free loops that allocate scratch of their
+own (the grouped batch descents).
 """
 
 from typing import Any
@@ -41,4 +42,5 @@ def kernel_options(nrt_flag=HAS_NRT_FLAG, **extra):
 kernel: Any = njit(**kernel_options())
 kernel_nogil: Any = njit(**kernel_options(nogil=True))
 kernel_alloc: Any = njit(cache=True)
+kernel_scratch: Any = njit(cache=True, nogil=True)
 kernel_parallel: Any = njit(cache=True, parallel=True)

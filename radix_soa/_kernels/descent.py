@@ -12,10 +12,11 @@ instead (see ``directory``: one argument in place of six).
 import numpy as np
 from numba import prange
 
-from .config import kernel, kernel_nogil, kernel_parallel
+from .config import kernel, kernel_parallel, kernel_scratch
 from .directory import tree_at
 from .layout import LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
-from .table import find_child, term_get
+from .prefetch import prefetch
+from .table import find_child, home_slot, key_hash, term_get
 
 
 @kernel
@@ -24,8 +25,10 @@ def common(tokens, s, q, qpos, n):
     # Indices are cast to unsigned after the addition: a signed index makes
     # Numba emit wraparound code (the loads become gathers), and adding an
     # int64 to a uint64 would make a float. Blocks of 64 without an early exit
-    # vectorize (faster than np.array_equal on cached data); the remainder and
-    # the block holding the mismatch go token by token.
+    # vectorize (faster than np.array_equal on cached data); so does one pass
+    # over the last partial block, which settles the usual case (a short span
+    # that matches in full) without a compare per token. Only the block
+    # holding the mismatch goes token by token.
     k = 0
     while k + 64 <= n:
         diff = 0
@@ -34,6 +37,12 @@ def common(tokens, s, q, qpos, n):
         if diff != 0:
             break
         k += 64
+    if k + 64 > n:
+        diff = 0
+        for j in range(n - k):
+            diff |= np.int64(tokens[np.uintp(s + k + j)]) ^ np.int64(q[np.uintp(qpos + k + j)])
+        if diff == 0:
+            return n
     while k < n and tokens[np.uintp(s + k)] == q[np.uintp(qpos + k)]:
         k += 1
     return k
@@ -99,41 +108,180 @@ def match_at(D, like, root, q, page):
                      q.shape[0], page)
 
 
-# Read-only batch loops come in a serial flavour that releases the GIL (batch
-# reads from several Python threads run at once) and a ``parallel=True``
-# (prange) one that keeps it (Numba's default workqueue threading layer must
-# not be entered from two threads at once); twin loops, since Numba compiles
-# threading per function.
+# Read-only batch loops walk GROUP queries at a time (``descend_lanes``): each
+# round computes every walking query's next table slot and prefetches it,
+# then reads the slots and prefetches the children's node entries, then
+# their first tokens, and only then compares, so the cache misses of a
+# group's queries overlap instead of following one another (on a tree past
+# the last-level cache a lone descent is a chain of dependent misses). The
+# answers are those of exists_one/match_one query by query. The serial
+# flavour releases the GIL (batch reads from several Python threads run at
+# once); the ``parallel=True`` (prange) one, over chunks of CHUNK queries,
+# keeps it (Numba's default workqueue threading layer must not be entered
+# from two threads at once).
 
-@kernel_nogil
+GROUP = 16
+CHUNK = 4096
+
+
+@kernel
+def settle(exists, term, out_b, out_i, i, qn, v, c, k, pos):
+    """Write query ``i``'s answer from its descent ``(v, c, k, pos)``."""
+    if exists:
+        out_b[i] = qn > 0 and c == NO_NODE and pos == qn and term_get(term, v) == 1
+    else:
+        out_i[i] = pos + k
+
+
+@kernel
+def refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, term, out_b,
+           out_i):
+    """Give lane ``g`` the next query from ``nxt`` (queries shorter than a
+    page are answered at once); returns the new ``nxt``. No query left:
+    ``lane[g] = -1``."""
+    while nxt < hi:
+        i = nxt
+        nxt += 1
+        a = offsets[i]
+        n = offsets[i + 1] - a
+        if n < page:
+            settle(exists, term, out_b, out_i, i, n, root, NO_NODE, 0, 0)
+            continue
+        prefetch(flat, a)
+        lane[g] = i
+        qs[g] = a
+        qn[g] = n
+        v[g] = root
+        pos[g] = 0
+        return nxt
+    lane[g] = -1
+    return nxt
+
+
+@kernel_scratch
+def descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, lo, hi, page,
+                  exists, out_b, out_i):
+    """Answer queries ``lo..hi`` of a CSR batch: ``exists`` (into ``out_b``)
+    or ``match`` with ``page`` (into ``out_i``), GROUP queries interleaved."""
+    mask = table.shape[0] - 1
+    lane = np.empty(GROUP, np.int64)
+    qs = np.empty(GROUP, np.int64)
+    qn = np.empty(GROUP, np.int64)
+    v = np.empty(GROUP, np.int64)
+    pos = np.empty(GROUP, np.int64)
+    slot = np.empty(GROUP, np.int64)
+    node = np.empty(GROUP, np.int64)
+    nxt = lo
+    live = 0
+    for g in range(GROUP):
+        nxt = refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, term,
+                     out_b, out_i)
+        if lane[g] >= 0:
+            live += 1
+    while live > 0:
+        for g in range(GROUP):
+            if lane[g] >= 0:
+                h = home_slot(table, key_hash(v[g], flat, qs[g] + pos[g], page))
+                slot[g] = h
+                prefetch(table, h)
+        for g in range(GROUP):
+            if lane[g] >= 0:
+                c = np.int64(table[slot[g]])
+                node[g] = c
+                if c != NO_NODE:
+                    prefetch(start, c)
+                    prefetch(length, c)
+                    prefetch(parent, c)
+                    c2 = table[(slot[g] + 1) & mask]  # the next probe, if c is not it
+                    if c2 != NO_NODE:
+                        prefetch(parent, c2)
+        for g in range(GROUP):
+            c = node[g]
+            if lane[g] >= 0 and c != NO_NODE:
+                s = start[c]
+                rest = qn[g] - pos[g]
+                L = np.int64(length[c])
+                e = s + min(L, rest, 64)  # the tokens compared first (a line per 8)
+                j = s
+                while j < e:
+                    prefetch(tokens, j)
+                    j += 8
+                if exists and L == rest:
+                    prefetch(term, c >> 3)
+        for g in range(GROUP):
+            if lane[g] < 0:
+                continue
+            p = v[g]
+            at = qs[g] + pos[g]
+            i = slot[g]
+            c = node[g]
+            while c != NO_NODE:  # the rest of find_child's probe, from the slot read
+                if parent[c] == p:
+                    s = start[c]
+                    same = True
+                    for j in range(page):
+                        if tokens[s + j] != flat[at + j]:
+                            same = False
+                            break
+                    if same:
+                        break
+                i = (i + 1) & mask
+                c = np.int64(table[i])
+            done = True
+            if c == NO_NODE:
+                settle(exists, term, out_b, out_i, lane[g], qn[g], p, NO_NODE, 0, pos[g])
+            else:
+                L = np.int64(length[c])
+                n = min(L, qn[g] - pos[g])
+                k = page + common(tokens, start[c] + page, flat, at + page, n - page)
+                if page > 1:
+                    k -= k % page
+                if k == L:
+                    v[g] = c
+                    pos[g] += L
+                    if qn[g] - pos[g] >= page:
+                        done = False
+                    else:
+                        settle(exists, term, out_b, out_i, lane[g], qn[g], c, NO_NODE, 0, pos[g])
+                else:
+                    settle(exists, term, out_b, out_i, lane[g], qn[g], p, c, k, pos[g])
+            if done:
+                nxt = refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists,
+                             term, out_b, out_i)
+                if lane[g] < 0:
+                    live -= 1
+
+
+@kernel_scratch
 def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,
     ``offsets`` int64 of n + 1; ``out`` bool of n, caller-allocated)."""
-    for i in range(offsets.shape[0] - 1):
-        out[i] = exists_one(tokens, start, length, parent, term, table, root,
-                            flat, offsets[i], offsets[i + 1] - offsets[i])
+    descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, 0,
+                  offsets.shape[0] - 1, 1, True, out, np.empty(0, np.int64))
 
 
 @kernel_parallel
 def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``exists_batch`` on Numba's threads."""
-    for i in prange(offsets.shape[0] - 1):
-        out[i] = exists_one(tokens, start, length, parent, term, table, root,
-                            flat, offsets[i], offsets[i + 1] - offsets[i])
+    n = offsets.shape[0] - 1
+    for t in prange((n + CHUNK - 1) // CHUNK):
+        descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets,
+                      t * CHUNK, min(n, (t + 1) * CHUNK), 1, True, out, np.empty(0, np.int64))
 
 
-@kernel_nogil
+@kernel_scratch
 def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
     """``out[i] = match_one(sequence i)`` for a CSR batch (``out`` int64 of n,
     caller-allocated)."""
-    for i in range(offsets.shape[0] - 1):
-        out[i] = match_one(tokens, start, length, parent, table, root,
-                           flat, offsets[i], offsets[i + 1] - offsets[i], page)
+    descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
+                  offsets, 0, offsets.shape[0] - 1, page, False, np.empty(0, np.bool_), out)
 
 
 @kernel_parallel
 def match_batch_parallel(tokens, start, length, parent, table, root, flat, offsets, page, out):
     """``match_batch`` on Numba's threads."""
-    for i in prange(offsets.shape[0] - 1):
-        out[i] = match_one(tokens, start, length, parent, table, root,
-                           flat, offsets[i], offsets[i + 1] - offsets[i], page)
+    n = offsets.shape[0] - 1
+    for t in prange((n + CHUNK - 1) // CHUNK):
+        descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
+                      offsets, t * CHUNK, min(n, (t + 1) * CHUNK), page, False,
+                      np.empty(0, np.bool_), out)

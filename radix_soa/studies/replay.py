@@ -241,9 +241,11 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
     max_len = int(lengths.max())
 
     t0 = time.perf_counter()
-    dev = TreeStorage(np.int64, values=has_host, track=True, page_size=page)
+    dev = TreeStorage(np.int64, values=has_host, track=True, page_size=page,
+                      token_capacity=_token_room(lengths, cap, max_len))
     dev.meta[M_POLICY] = policy
-    host = TreeStorage(np.int64, values=False, track=True, page_size=page)
+    host = TreeStorage(np.int64, values=False, track=True, page_size=page,
+                       token_capacity=_token_room(lengths, hcap, max_len) if has_host else 0)
     roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
     positions = _readonly(np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0])
     order = np.arange(n, dtype=np.int64)
@@ -296,6 +298,18 @@ def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs
         seconds=seconds, hits=hits, host_hits=host_hits, order=order,
         prefill_tokens_hit=int(np.minimum(dev_hits * bs, inputs).sum()), warmup=warmup,
         scored_requests=n - first)
+
+
+def _token_room(lengths, cap, max_len):
+    """The token buffer a tier starts with: every id of the trace when it is
+    unbounded (``cap`` -1), else room for twice what it may hold. Growing
+    by doubling copied the buffer about as many times as it has bytes and
+    took half of a long trace's replay (the new pages are also touched by
+    the copy); an allocation is only address space until written (NumPy
+    zeros are lazily mapped), and dead runs still compact it when it fills
+    (``TreeStorage.reserve``)."""
+    total = int(lengths.sum())
+    return total if cap < 0 else min(total, 2 * (cap + max_len))
 
 
 def _readonly(a):
