@@ -17,8 +17,7 @@ host tier) replays them: a worker's hits, evictions and peak equal
 ``replay`` of its share of the trace. One worker is ``replay`` itself.
 
 **Time** (what load means). Requests arrive at the trace's timestamps
-(seconds; ``arrival_rate`` replaces them by ``i / arrival_rate``; a
-timestamp earlier than the one before counts as that one), are routed on
+(seconds; ``arrival_rate`` replaces them by ``i / arrival_rate``), are routed on
 arrival and take their worker's earliest free of ``slots`` slots. A request
 computes its uncached prompt tokens at ``prefill_rate`` tokens/s, then
 emits its output tokens at ``decode_rate`` tokens/s: it is *in prefill*
@@ -90,7 +89,8 @@ from .._kernels import cluster as KC
 from .._kernels.directory import SLOTS
 from .._kernels.layout import M_POLICY
 from .._results import InvariantError
-from .._storage import USE_DIRECTORY, TreeStorage, resume
+from .. import _storage
+from .._storage import TreeStorage, resume
 from .._validate import check_int, check_policy
 from .replay import _as_trace, _readonly, _roots, check_warmup, scored_from
 
@@ -415,7 +415,7 @@ def _store(policy, page):
 def _trees(stores):
     """The kernel's view of several trees: one directory row per tree, or
     (without directories) the tuple of their ``T`` tuples."""
-    if not USE_DIRECTORY or not all(isinstance(s.D, np.ndarray) for s in stores):
+    if not _storage.USE_DIRECTORY or not all(isinstance(s.D, np.ndarray) for s in stores):
         return tuple(s.T for s in stores)
     W = np.empty((len(stores), SLOTS), np.int64)
     for k, s in enumerate(stores):
