@@ -72,20 +72,33 @@ def test_compiled_cluster_replay_equals_the_reference(reqs, workers, router, cap
     same(replay_cluster(trace, **kw), cluster_reference(trace, **kw))
 
 
-def long_trace(n=120, seed=0):
+def long_trace(n=120, seed=0, decode=True):
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 50, size=3000)
     seqs = [np.concatenate([base[: int(rng.integers(1, 3000))], rng.integers(0, 9, size=200)])
             for _ in range(n)]
-    return trace_of(seqs, times=np.arange(n) * 0.05, outputs=rng.integers(0, 200, n))
+    outputs = rng.integers(0, 200, n) if decode else np.zeros(n, np.int64)
+    return trace_of(seqs, times=np.arange(n) * 0.05, outputs=outputs)
 
 
-@pytest.mark.parametrize("router", ["cache_aware", "kv_overlap", "least_loaded"])
-def test_trees_grow_mid_replay_and_the_replay_resumes(router):
-    tr = long_trace()
-    kw = dict(workers=3, router=router, capacity=20_000, slots=2, prefill_rate=50_000.0,
-              balance_abs_threshold=2, max_tree_size=30_000, eviction_interval=1.0)
+@pytest.mark.parametrize("router", ["cache_aware", "kv_overlap", "prefix_hash"])
+def test_trees_grow_mid_replay_and_the_replay_resumes(router, monkeypatch):
+    # the trees are sized for a fair share of the trace; these routers keep
+    # requests sharing a long prefix together, so one worker outgrows it
+    from radix_soa import _storage
+    grew = []
+    reserve = _storage.TreeStorage.reserve
+
+    def counted(self, tokens=0, nodes=0):
+        grew.append((tokens, nodes))
+        return reserve(self, tokens, nodes)
+
+    monkeypatch.setattr(_storage.TreeStorage, "reserve", counted)
+    tr = long_trace(decode=False)  # no decode load: kv_overlap goes by overlap alone
+    kw = dict(workers=3, router=router, slots=2, prefill_rate=50_000.0,
+              balance_abs_threshold=1000, overlap_score_weight=100.0, eviction_interval=1.0)
     same(replay_cluster(tr, **kw), cluster_reference(tr, **kw))
+    assert grew  # the kernel stopped for room at least once
 
 
 @pytest.mark.parametrize("router", ROUTERS)

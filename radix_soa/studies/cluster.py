@@ -308,8 +308,13 @@ def replay_cluster(trace, workers=8, capacity=None, router="cache_aware", page_s
     elif kind == KC.PREFIX_HASH:
         KC.prefix_hashes(flat, offsets, ns, opt["prefix_pages"] * page, pre)
         pre = prefix_hash_route(pre, *ring_points(nw, opt["vnodes"]))
-    stores = [_store(policy, page) for _ in range(nw)]
-    approx = [_store(0, 1) for _ in range(nw)] if kind == KC.CACHE_AWARE else []
+    # sized for a fair share of the trace up front: growth runs in Python
+    # between kernel calls, and 2N trees growing from empty took ~10 calls each
+    share = int(lengths.sum()) // nw + 1
+    tokens = share if cap < 0 else min(share, 2 * cap) + int(lengths.max())
+    nodes = 2 * (n // nw) + 64
+    stores = [_store(policy, page, tokens, nodes) for _ in range(nw)]
+    approx = [_store(0, 1, tokens, nodes) for _ in range(nw)] if kind == KC.CACHE_AWARE else []
     roots = _roots(stores[0], ns)
     for s in stores[1:] + approx:
         if not np.array_equal(_roots(s, ns), roots):
@@ -406,8 +411,9 @@ def imbalance(values):
     return float(v.max() / m) if m > 0 else 1.0
 
 
-def _store(policy, page):
-    s = TreeStorage(np.int64, values=False, track=True, page_size=page)
+def _store(policy, page, tokens, nodes):
+    s = TreeStorage(np.int64, values=False, track=True, page_size=page, token_capacity=tokens,
+                    node_capacity=nodes)
     s.meta[M_POLICY] = policy
     return s
 
