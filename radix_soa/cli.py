@@ -42,7 +42,7 @@ import numpy as np
 from . import __version__
 from ._kernels.layout import POLICIES
 from ._validate import MAX_COUNT, MAX_PAGE, check_int
-from ._warmup import warmup_replay
+from ._warmup import warmup_cluster, warmup_replay
 from .radix_cache import RadixCache
 from .studies import report, traces, workloads
 from .studies.cluster import MAX_WORKERS, ROUTERS, sweep_cluster
@@ -722,6 +722,7 @@ def _cluster_study(args, trace, desc, t_start):
     workers = args.workers or [8]
     routers = args.router or CLUSTER_ROUTERS
     warmup_replay()
+    warmup_cluster()  # so each row's "seconds" is the replay, not compilation
     common = dict(page_size=args.page_size, eviction_policy=args.eviction_policy,
                   warmup=args.warmup)
     if args.capacities:

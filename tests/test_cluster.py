@@ -301,6 +301,30 @@ def test_the_sweep_nests_workers_routers_capacities_and_checks_everything_first(
     assert seen == []
 
 
+def test_warmup_cluster_leaves_nothing_to_compile():
+    from radix_soa._warmup import warmup_cluster
+    from radix_soa.studies.study import generated_trace
+    import importlib
+    import pkgutil
+    import radix_soa._kernels as K
+
+    def signatures():
+        out = {}
+        for m in pkgutil.iter_modules(K.__path__):
+            mod = importlib.import_module(f"radix_soa._kernels.{m.name}")
+            out.update({(m.name, k): len(v.signatures) for k, v in vars(mod).items()
+                        if hasattr(v, "signatures")})
+        return out
+
+    warmup_cluster()
+    before = signatures()
+    tr, _ = generated_trace("multi_turn", 200, 0)
+    for router in ROUTERS:
+        replay_cluster(tr, workers=4, capacity=2_000, router=router, page_size=2)
+    after = signatures()
+    assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}
+
+
 # ---------------------------------------------------------------- the real trace
 
 def mooncake(name):
