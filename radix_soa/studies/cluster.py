@@ -48,8 +48,9 @@ decides what the load-aware routers see.
   outstanding, then fewest routed so far, then lowest id); otherwise, if
   the longest match over the trees covers more than ``cache_threshold`` of
   the request, to that tree's worker (lowest id on ties), else to the
-  shortest queue. The request is then recorded in the chosen worker's
-  tree. Every ``eviction_interval`` seconds of trace time each tree is
+  shortest queue (smg's header comment says "the smallest tree" there;
+  its code takes the min-load worker, as here). The request is then
+  recorded in the chosen worker's tree. Every ``eviction_interval`` seconds of trace time each tree is
   trimmed to ``max_tree_size`` ids, least recently routed leaf tails
   first (``0``: after every request; ``None``: never). Defaults are
   smg's (0.5, 32, 1.1, 30 s), except ``max_tree_size`` (smg: 10,000
@@ -59,7 +60,8 @@ decides what the load-aware routers see.
   tenant touched the node last), eviction trims tails by ids (smg removes
   whole nodes), load is the model's outstanding count.
 - ``kv_overlap``: NVIDIA Dynamo's KV router (``ai-dynamo/dynamo``,
-  ``lib/kv-router``: ``DefaultWorkerSelector``, temperature 0). Per
+  ``DefaultWorkerSelector`` in ``lib/kv-router/src/scheduling/selector.rs``,
+  earlier ``lib/llm/src/kv_router/scheduler.rs``; temperature 0). Per
   worker, ``overlap`` is the ids of the request the worker's cache holds
   (whole pages), computed here from the worker trees themselves: that is
   exactly what a router index built from the workers' KV events answers
@@ -68,8 +70,11 @@ decides what the load-aware routers see.
   blocks (the worker's queued prefill tokens + the request's uncached
   ones, in blocks) + decode blocks (the worker's active blocks + the
   request's); the lowest cost wins, ties broken at random (seeded, as
-  Dynamo samples among equal logits). Difference: active blocks of
-  requests sharing a prefix are counted once each (Dynamo deduplicates).
+  Dynamo samples among equal logits). Differences: active blocks of
+  requests sharing a prefix are counted once each (Dynamo deduplicates),
+  and a running request holds its input + output blocks from arrival to
+  finish (Dynamo grows them as tokens are generated); the request's own
+  blocks are the same on every worker, so they never change the pick.
 
 ``load_imbalance`` is the largest worker's busy seconds (the model's
 prefill + decode time of its requests) over the mean; ``request_imbalance``
