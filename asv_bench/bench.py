@@ -366,6 +366,40 @@ def section_replay(repeat):
     print(f"  one replay with a host tier: {t * 1e3:.1f} ms")
 
 
+def section_cluster(repeat):
+    """One replay against the same trace replayed over 8 workers behind each
+    router (target: under 100 ms on the Mooncake conversation trace), and
+    the compiled cluster replay against the pure-Python one."""
+    from radix_soa.baselines.cluster_reference import cluster_reference
+
+    trace = common.mooncake_conversation()
+    if trace is None:
+        print("\n[cluster] the Mooncake traces are not present; using the generated multi_turn "
+              "workload")
+        trace = radix_soa.workloads.as_trace(common.sequences("multi_turn"), "multi_turn")
+    if QUICK:
+        trace = head(trace, 1_000)
+    cap = 20_000
+    print(f"\n[cluster] {trace.name}: {len(trace):,} requests, capacity {cap:,} ids per worker")
+    radix_soa.replay(trace, capacity=cap)
+    one = best_of(lambda: radix_soa.replay(trace, capacity=cap), repeat + 2)
+    print(f"  one replay: {one * 1e3:.1f} ms")
+    for router in radix_soa.studies.cluster.ROUTERS:
+        radix_soa.replay_cluster(trace, workers=8, capacity=cap, router=router)  # compile
+        t = best_of(lambda: radix_soa.replay_cluster(trace, workers=8, capacity=cap,
+                                                     router=router), repeat + 2)
+        r = radix_soa.replay_cluster(trace, workers=8, capacity=cap, router=router)
+        print(f"  8 workers, {router:<12}: {t * 1e3:6.1f} ms ({t / one:4.1f}x one replay)"
+              f"   hit rate {r.hit_rate:.4f}, load imbalance {r.load_imbalance:.3f}")
+    small = head(trace, 500 if QUICK else 2_000)
+    ours = best_of(lambda: radix_soa.replay_cluster(small, workers=8, capacity=cap), repeat)
+    progress(f"cluster: pure-Python cluster replay of {len(small):,} requests")
+    t0 = time.perf_counter()
+    cluster_reference(small, workers=8, capacity=cap)
+    base = time.perf_counter() - t0
+    line(f"8 workers, cache_aware, {len(small):,} requests", ours, base, "pure-Python")
+
+
 def section_threads(repeat):
     """Serial batch reads release the GIL: k threads reading one cache at
     once, against one thread doing 1/k of the work (throughput ratio)."""
@@ -910,7 +944,7 @@ def section_replay_scale(repeat):
 
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
             "memory": section_memory, "replay": section_replay, "scale": section_scale,
-            "replay_scale": section_replay_scale,
+            "replay_scale": section_replay_scale, "cluster": section_cluster,
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
             "sglang": section_sglang, "dask": section_dask, "events": section_events}

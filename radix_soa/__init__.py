@@ -10,7 +10,7 @@ True
 The product (``RadixCache``, ``PrefixCache``, batches, persistence) is at the
 top level; ``radix_soa.studies`` holds the workloads, traces, replay and
 footprint studies (``rs.traces``, ``rs.workloads``, ``rs.replay``,
-``rs.sweep`` are kept here too), ``radix_soa.baselines`` the pure-Python and
+``rs.sweep``, ``rs.replay_cluster``, ``rs.sweep_cluster`` are kept here too), ``radix_soa.baselines`` the pure-Python and
 array baselines.
 """
 
@@ -25,13 +25,16 @@ from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventError,
 from .router_index import RouterIndex
 from .studies import schedule, traces, workloads
 from .studies.replay import ReplayResult, SweepResult, replay, sweep
+from .studies.cluster import ClusterResult, ClusterSweep, replay_cluster, sweep_cluster
 from .studies.footprint import FootprintTable, compare_footprint
 from .baselines.replay_reference import replay_reference
+from .baselines.cluster_reference import cluster_reference
 from ._warmup import warmup
 
 __all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
            "Match", "BatchMatch", "EvictResult", "Finished", "Request", "InvariantError", "warmup",
            "replay", "sweep", "ReplayResult", "SweepResult", "replay_reference",
+           "replay_cluster", "sweep_cluster", "ClusterResult", "ClusterSweep", "cluster_reference",
            "compare_footprint", "FootprintTable", "ReadOnlyTreeError", "TreeFormatError",
            "schedule", "traces", "workloads", "first_occurrence", "RouterIndex", "BlockStored",
            "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict"]

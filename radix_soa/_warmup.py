@@ -9,6 +9,7 @@ import numpy as np
 
 from .prefix_cache import PrefixCache
 from .radix_cache import RadixCache
+from .studies.cluster import ROUTERS, replay_cluster
 from .studies.replay import replay
 
 
@@ -65,6 +66,7 @@ def warmup(dtypes=(np.int64,)):
             pc.abort(pc.begin([1]))
             pc.drop_namespace(0)
     warmup_replay()
+    warmup_cluster()
     return len(dtypes)
 
 
@@ -88,3 +90,19 @@ def warmup_replay():
             replay(seqs, capacity=4000, host_capacity=host, schedule=schedule, window=4)
             runs += 1
     return runs
+
+
+def warmup_cluster():
+    """Compile (or load) what a cluster replay runs: every router, on
+    requests that make the trees grow and evict. Returns the number of
+    cluster replays run.
+
+    >>> warmup_cluster()
+    6
+    """
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 50, size=int(rng.integers(1, 300))) for _ in range(40)]
+    for router in ROUTERS:
+        replay_cluster(seqs, workers=2, capacity=500, router=router, eviction_interval=0.0,
+                       max_tree_size=200)
+    return len(ROUTERS)

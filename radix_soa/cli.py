@@ -13,6 +13,8 @@ range of capacities and prints the hit-rate table and the index's memory::
     $ radix-soa study --trace conv.jsonl --warmup 0.5   # score like kvcache-simulator
     $ zcat conv.jsonl.gz | radix-soa study --trace - --csv > sweep.csv
     $ radix-soa study --json > study.json
+    $ radix-soa study --trace conv.jsonl --workers 4,8 \
+          --router round_robin,cache_aware,kv_overlap    # N workers behind a router
 
 ``radix-soa build`` builds a tree from a built-in, seeded shared-prefix
 workload and reports what it stored (given only build's own options, such as
@@ -40,9 +42,10 @@ import numpy as np
 from . import __version__
 from ._kernels.layout import POLICIES
 from ._validate import MAX_COUNT, MAX_PAGE, check_int
-from ._warmup import warmup_replay
+from ._warmup import warmup_cluster, warmup_replay
 from .radix_cache import RadixCache
 from .studies import report, traces, workloads
+from .studies.cluster import MAX_WORKERS, ROUTERS, sweep_cluster
 from .studies.replay import check_warmup
 from .studies.sources import Source
 from .studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD, capacity_study,
@@ -209,6 +212,24 @@ def _warmup_arg(text):
                                                   f"{text[:40]!r}") from None
 
 
+def _workers_list(text):
+    """``"1,2,8"`` -> distinct worker counts in [1, MAX_WORKERS], ascending."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError("expected a comma-separated list of worker counts")
+    return sorted({_int_arg(p, 1, MAX_WORKERS) for p in parts})
+
+
+def _router_list(text):
+    """``"round_robin,cache_aware"`` -> router names, in the order given."""
+    parts = [p.strip() for p in text.split(",")]
+    bad = [p for p in parts if p not in ROUTERS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown router {bad[0][:40]!r}; choose from "
+                                         f"{', '.join(ROUTERS)}")
+    return list(dict.fromkeys(parts))
+
+
 def _check_study_args(args):
     if args.capacity_unit == "bytes" and args.kv_bytes_per_token is None:
         raise _UsageError("--capacity-unit bytes needs --kv-bytes-per-token (2 x layers x KV "
@@ -221,6 +242,13 @@ def _check_study_args(args):
                 raise _UsageError(f"{opt} applies to built-in workloads, not to --trace")
     elif args.format is not None:
         raise _UsageError("--format needs --trace PATH")
+    if args.workers is not None or args.router is not None:
+        if args.host_capacity is not None:
+            raise _UsageError("--host-capacity is not available with --workers/--router (the "
+                              "cluster replay has no host tier)")
+        if args.schedule != "fcfs":
+            raise _UsageError("--workers/--router replay each worker in arrival order: "
+                              "--schedule must be fcfs")
     if args.plot is not None:
         try:
             importlib.import_module("matplotlib")  # the package itself, not a cached submodule
@@ -553,6 +581,10 @@ def _study(args):
     _check_study_args(args)
     t_start = time.perf_counter()
     trace, desc = _load(args)
+    if args.workers is not None or args.router is not None:
+        return _cluster_study(args, trace, desc, t_start)
+    if args.points is None:
+        args.points = DEFAULT_POINTS
     bs = trace.block_size
     unit, kvb = args.capacity_unit, args.kv_bytes_per_token
     caps = None
@@ -625,6 +657,138 @@ def _study(args):
 
 
 # ----------------------------------------------------------------------------
+# study over N workers (--workers / --router)
+# ----------------------------------------------------------------------------
+
+CLUSTER_POINTS = 4
+CLUSTER_ROUTERS = ["round_robin", "cache_aware", "kv_overlap"]
+
+
+def _cluster_summary(rows):
+    """One line per (workers, capacity) with round robin and another router:
+    what the best router saves over round robin, and at what imbalance."""
+    lines = []
+    by = {}
+    for r in rows:
+        by.setdefault((r["workers"], r["capacity"]), {})[r["router"]] = r
+    for (w, cap), routers in by.items():
+        base = routers.get("round_robin")
+        others = [r for name, r in routers.items() if name != "round_robin"]
+        if base is None or not others or w == 1:
+            continue
+        best = max(others, key=lambda r: r["prefill_tokens_saved"])
+        gain = best["prefill_tokens_saved"] - base["prefill_tokens_saved"]
+        where = "unbounded" if cap is None else f"{cap:,}"
+        lines.append(f"  {w} workers, capacity {where}: {best['router']} saves {gain:+,} prompt "
+                     f"tokens over round_robin ({best['prefill_saved_fraction']:.1%} vs "
+                     f"{base['prefill_saved_fraction']:.1%} of prefill), load imbalance "
+                     f"{best['load_imbalance']:.2f} vs {base['load_imbalance']:.2f}")
+    return lines
+
+
+def plot_cluster_figure(sweep_result, x_label, title):
+    """The cluster study as a matplotlib ``Figure``: share of prefill saved
+    (top) and load imbalance (bottom) against capacity, one line per
+    (workers, router)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 6.5))
+    ax_hit, ax_imb = fig.subplots(2, 1, sharex=True)
+    groups = {}
+    for r in sweep_result.results:
+        groups.setdefault((r.workers, r.router), []).append(r)
+    for (w, name), rs_ in groups.items():
+        pts = sorted((r.capacity, r) for r in rs_ if r.capacity is not None)
+        if not pts:
+            continue
+        x = [c for c, _ in pts]
+        ax_hit.plot(x, [r.prefill_saved_fraction for _, r in pts], marker="o", ms=3,
+                    label=f"{w} x {name}")
+        ax_imb.plot(x, [r.load_imbalance for _, r in pts], marker="o", ms=3)
+    ax_hit.set_ylabel("prefill saved")
+    ax_imb.set_ylabel("load imbalance (max / mean busy time)")
+    ax_imb.set_xlabel(x_label)
+    ax_hit.legend(fontsize=7, ncol=2)
+    for ax in (ax_hit, ax_imb):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _cluster_study(args, trace, desc, t_start):
+    bs = trace.block_size
+    unit, kvb = args.capacity_unit, args.kv_bytes_per_token
+    workers = args.workers or [8]
+    routers = args.router or CLUSTER_ROUTERS
+    warmup_replay()
+    warmup_cluster()  # so each row's "seconds" is the replay, not compilation
+    common = dict(page_size=args.page_size, eviction_policy=args.eviction_policy,
+                  warmup=args.warmup)
+    if args.capacities:
+        caps = sorted({report.capacity_to_ids(c, unit, bs, kvb) for c in args.capacities})
+    else:  # per worker: the grid of the one-cache study over that cache's footprint
+        from .studies.replay import replay
+        footprint = replay(trace, page_size=args.page_size,
+                           eviction_policy=args.eviction_policy).peak_ids
+        caps = default_capacities(footprint, args.points or CLUSTER_POINTS)
+    total = len(workers) * len(routers) * len(caps)
+    progress = _Progress(total, _progress_enabled(args.progress))
+    try:
+        result = sweep_cluster(trace, workers=workers, capacities=caps, routers=routers,
+                               progress=progress.set, **common)
+    finally:
+        progress.close()
+    seconds = time.perf_counter() - t_start
+    rows = result.rows
+    what = desc["workload"] if desc["source"] == "workload" else f"{trace.name} ({desc['format']})"
+    if args.plot is not None:
+        title = (f"{what}: {len(trace):,} requests over {', '.join(map(str, workers))} "
+                 f"workers\npage size {args.page_size}, eviction {args.eviction_policy}")
+        ids = report.id_unit(bs)
+        fig = plot_cluster_figure(result, f"capacity per worker ({ids})", title)
+        fig.savefig(args.plot, dpi=120)
+    if args.csv:
+        sys.stdout.write(result.to_csv())
+        return 0
+    if args.json:
+        doc = {
+            "version": __version__,
+            "workload": {**desc, **trace.summary()},
+            "id_unit": report.id_unit(bs),
+            "settings": {"workers": workers, "routers": routers, "capacities": caps,
+                         "page_size": args.page_size, "eviction_policy": args.eviction_policy,
+                         "warmup": args.warmup},
+            "rows": rows,
+            "per_worker": [{k: v.tolist() for k, v in r.per_worker.items()}
+                           for r in result.results],
+            "plot": None if args.plot is None else str(args.plot),
+            "seconds": seconds,
+        }
+        print(json.dumps(doc, indent=2, default=_jsonable, allow_nan=False))
+        return 0
+    print(_describe(desc, trace))
+    print(f"{len(workers) * len(routers)} clusters ({', '.join(map(str, workers))} workers x "
+          f"{', '.join(routers)}); capacity per worker in {report.id_unit(bs)}; page size "
+          f"{args.page_size}, eviction {args.eviction_policy}; load from the trace's "
+          f"timestamps and output lengths (see radix_soa.studies.cluster)")
+    print()
+    print(result.table())
+    summary = _cluster_summary(rows)
+    if summary:
+        print()
+        print("\n".join(summary))
+    print()
+    print("hit rate: cached ids / all ids over every worker; prefill saved: prompt tokens not "
+          "recomputed; imbalance: the busiest worker's busy time / the mean (1.00 = even); "
+          "req imbalance: the same for request counts; mean TTFT: the model's time to first "
+          "token")
+    if args.plot is not None:
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+# ----------------------------------------------------------------------------
 # parser and entry point
 # ----------------------------------------------------------------------------
 
@@ -664,8 +828,9 @@ def build_parser():
     ex.add_argument("--capacities", type=_capacity_list, metavar="C1,C2,...",
                     help="explicit capacities in --capacity-unit; suffixes k M G T (1000s), "
                          "Ki Mi Gi Ti (1024s) and B are allowed: 40GB, 2M, 160KiB")
-    ex.add_argument("--points", type=_bounded(10_000), default=DEFAULT_POINTS, metavar="K",
-                    help=f"number of capacities (default {DEFAULT_POINTS})")
+    ex.add_argument("--points", type=_bounded(10_000), default=None, metavar="K",
+                    help=f"number of capacities (default {DEFAULT_POINTS}; "
+                         f"{CLUSTER_POINTS} with --workers/--router)")
     cap.add_argument("--capacity-unit", choices=list(report.CAPACITY_UNITS), default="ids",
                      help="unit of --capacities, --host-capacity and the table: the trace's "
                           "ids (default; blocks on block traces), tokens, or bytes of KV "
@@ -688,6 +853,14 @@ def build_parser():
     rp.add_argument("--warmup", type=_warmup_arg, default=0.0, metavar="F",
                     help="score only the requests after the first F of arrivals (they warm "
                          "the cache); 0.5 scores like kvcache-simulator (default 0)")
+    cl = s.add_argument_group(
+        "many workers (a cluster replay: each capacity is per worker; see "
+        "radix_soa.replay_cluster)")
+    cl.add_argument("--workers", type=_workers_list, metavar="N1,N2,...",
+                    help="worker counts to replay over (default 8 when --router is given)")
+    cl.add_argument("--router", type=_router_list, metavar="R1,R2,...",
+                    help=f"routers, of {', '.join(ROUTERS)} (default "
+                         f"{','.join(CLUSTER_ROUTERS)} when --workers is given)")
     out = s.add_argument_group("output")
     out.add_argument("--plot", metavar="OUT.png",
                      help="save a hit-rate-vs-capacity plot (needs matplotlib)")

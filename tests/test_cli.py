@@ -418,6 +418,13 @@ def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
     (["--plot", "{tmp}/out.foo"], "--plot: file name must end in one of"),
     (["--plot", "{tmp}/no/such/dir/out.png"], "does not exist"),
     (["--no-such-option"], "unrecognized arguments"),
+    (["--workers", "0"], "must be >= 1"),
+    (["--workers", "two"], "expected an integer"),
+    (["--workers", "2,"], "comma-separated list of worker counts"),
+    (["--workers", "99999"], "must be <= 4096"),
+    (["--router", "nearest"], "unknown router 'nearest'"),
+    (["--workers", "2", "--host-capacity", "10"], "no host tier"),
+    (["--router", "cache_aware", "--schedule", "lpm"], "--schedule must be fcfs"),
 ])
 def test_bad_usage_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, expect):
     write_mooncake(tmp_path / "bad.jsonl", MOONCAKE_ROWS[:1])
@@ -489,3 +496,71 @@ def test_real_mooncake_conversation_trace(capsys):
     assert doc["sweep"][-1]["hit_rate"] == pytest.approx(doc["unbounded"]["hit_rate"])
     rates = [r["hit_rate"] for r in doc["sweep"]]
     assert rates == sorted(rates)
+
+
+# ----------------------------------------------------------------------------
+# study over N workers
+# ----------------------------------------------------------------------------
+
+CLUSTER = [*SMALL, "--workers", "1,3", "--router", "round_robin,cache_aware"]
+
+
+def test_cluster_study_prints_a_row_per_workers_router_and_capacity(capsys):
+    code, out, err = run(capsys, "study", *CLUSTER, "--capacities", "500,2000")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["workers", "router"])
+    rows = [line.split() for line in lines[head + 1:head + 9]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (w, r, c) for w in ("1", "3") for r in ("round_robin", "cache_aware")
+        for c in ("500", "2,000")]
+    # the numbers are the library's
+    trace = radix_soa.studies.study.generated_trace("chat", 300, 3)[0]
+    direct = radix_soa.replay_cluster(trace, workers=3, capacity=2000, router="cache_aware")
+    assert rows[-1][3] == f"{direct.hit_rate:.3f}"
+    assert rows[-1][6] == f"{direct.load_imbalance:.2f}"  # "prefill saved" takes two cells
+    assert "3 workers, capacity 2,000: cache_aware saves" in out
+    assert "load imbalance" in out
+
+
+def test_cluster_study_json_and_csv(capsys, tmp_path):
+    doc = run_json(capsys, *CLUSTER)
+    assert doc["settings"]["workers"] == [1, 3]
+    assert doc["settings"]["routers"] == ["round_robin", "cache_aware"]
+    caps = doc["settings"]["capacities"]
+    assert len(caps) == 4 and len(doc["rows"]) == 2 * 2 * 4  # 4 capacities by default
+    trace = radix_soa.studies.study.generated_trace("chat", 300, 3)[0]
+    row = doc["rows"][-1]
+    direct = radix_soa.replay_cluster(trace, workers=3, capacity=caps[-1], router="cache_aware")
+    assert row["hit_rate"] == direct.hit_rate
+    assert row["prefill_tokens_saved"] == direct.prefill_tokens_saved
+    assert doc["per_worker"][-1]["requests"] == direct.per_worker["requests"].tolist()
+    code, out, err = run(capsys, "study", *CLUSTER, "--points", "2", "--csv")
+    assert code == 0, err
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert len(table) == 2 * 2 * 2
+    assert [t["router"] for t in table[:4]] == ["round_robin"] * 2 + ["cache_aware"] * 2
+    assert float(table[-1]["load_imbalance"]) >= 1.0
+
+
+def test_cluster_study_defaults_and_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "cluster.png"
+    code, out, err = run(capsys, "study", *SMALL, "--router", "kv_overlap", "--points", "2",
+                         "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert "1 clusters (8 workers x kv_overlap)" in out
+    doc = run_json(capsys, *SMALL, "--workers", "2", "--points", "1")
+    assert doc["settings"]["routers"] == ["round_robin", "cache_aware", "kv_overlap"]
+
+
+def test_cluster_study_on_the_mooncake_conversation_trace(capsys):
+    path = TRACES / "mooncake-fast25" / "conversation_trace.jsonl"
+    if not path.exists():
+        pytest.skip(f"real traces not present at {path}")
+    doc = run_json(capsys, "--trace", str(path), "--workers", "8", "--router",
+                   "round_robin,cache_aware", "--capacities", "20000")
+    rr, ca = doc["rows"]
+    assert rr["router"] == "round_robin" and ca["router"] == "cache_aware"
+    assert ca["prefill_tokens_saved"] > 2 * rr["prefill_tokens_saved"]

@@ -15,7 +15,8 @@ NUMBERS = st.one_of(st.integers(-5, 50), st.integers(10**15, 10**25).map(str),
 FLAGS = st.lists(st.tuples(st.sampled_from(["--points", "--window", "--page-size",
                                             "--host-capacity", "--capacities", "--requests",
                                             "--seed", "--kv-bytes-per-token", "--warmup",
-                                            "--capacity-unit"]), NUMBERS), max_size=3)
+                                            "--capacity-unit", "--workers"]), NUMBERS),
+                 max_size=3)
 SWITCHES = st.lists(st.sampled_from(["--csv", "--json", "--capacity-unit=tokens",
                                      "--capacity-unit=bytes", "--capacity-unit=ids"]),
                     max_size=2)

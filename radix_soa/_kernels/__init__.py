@@ -37,6 +37,9 @@ Modules, bottom up (a module calls only those above it in this list)::
                 pc_evict, extend)
     router      rx_find; rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
                 overlap_at (page_hash) -> rx_overlap, rx_overlap_batch (RouterIndex)
+    cluster     prefix_hashes; the event heap (ev_push, ev_pop) -> retire; least_loaded,
+                shortest_queue -> cache_aware_pick, kv_overlap_pick; approx_insert,
+                approx_evict, serve -> cluster_run (tree_at per worker row)
     baselines   the array baselines' kernels (token trie, sequence hash set)
 
 Numba's on-disk cache (``cache=True``) keys a kernel by its own file only: a

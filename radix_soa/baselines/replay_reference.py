@@ -81,14 +81,14 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
         i = pick()
         order.append(i)
         q = seqs[i]
-        m = dev.match(q, namespace=ns[i])
-        hits[i] = m.length
         if has_host:
-            host_hits[i] = max(0, host.match(q, namespace=ns[i]).length - m.length)
+            host_len = host.match_length(q, namespace=ns[i])
         values = np.arange(offsets[i], offsets[i + 1], dtype=np.int64) if has_host else None
-        try:
-            r = dev.insert(q, values=values, namespace=ns[i])
-        except CacheFullError:
+        hits[i], r = serve_request(dev, q, ns[i], values)
+        if has_host:
+            host.match(q, namespace=ns[i])
+            host_hits[i] = max(0, host_len - hits[i])
+        if r is None:
             rejected[i] = True
             continue
         inserted += len(q) - len(q) % page_size - r.cached
@@ -127,6 +127,17 @@ def replay_reference(trace, capacity=None, page_size=1, host_capacity=None, sche
     out.peak_ids = peak
     out.final_ids = dev.total_tokens
     return out
+
+
+def serve_request(dev, q, namespace, values=None):
+    """One request on ``dev`` (a ``ReferencePrefixCache``) as the replay
+    serves it: match (the hit), then insert. Returns ``(hit, InsertResult)``,
+    the result ``None`` when the request could not be cached."""
+    hit = dev.match(q, namespace=namespace).length
+    try:
+        return hit, dev.insert(q, values=values, namespace=namespace)
+    except CacheFullError:
+        return hit, None
 
 
 class ReferenceReplay:

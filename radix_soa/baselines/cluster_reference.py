@@ -1,0 +1,205 @@
+"""The pure-Python cluster replay: the same semantics as
+``radix_soa.replay_cluster`` (its module docstring defines them), one
+``ReferencePrefixCache`` per worker served by ``replay_reference``'s own
+request step, and the routers written out plainly. It is the oracle the
+tests compare the compiled cluster replay against.
+
+>>> from radix_soa.studies import workloads
+>>> seqs = workloads.shared_prefix(n_sequences=60, n_prompts=3, prompt_len=40)
+>>> import radix_soa as rs
+>>> ref = cluster_reference(seqs, workers=3, capacity=300, router="cache_aware")
+>>> ref.assignments.tolist() == rs.replay_cluster(seqs, workers=3, capacity=300,
+...                                                router="cache_aware").assignments.tolist()
+True
+"""
+
+import bisect
+import heapq
+import math
+
+import numpy as np
+
+from .reference_prefix import ReferencePrefixCache
+from .replay_reference import _requests, serve_request
+
+MASK = (1 << 64) - 1
+ROUTERS = ("round_robin", "random", "least_loaded", "prefix_hash", "cache_aware", "kv_overlap")
+
+
+def mix64(x):
+    """splitmix64's finalizer on a Python int (64 bits)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def signed(x):
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def prefix_hash(seq, namespace, k):
+    """Hash of the namespace and the first ``k`` ids, as a signed int."""
+    h = mix64((namespace + 0x9E3779B97F4A7C15) & MASK)
+    for t in seq[:k]:
+        h = mix64(h ^ (t & MASK))
+    return signed(h)
+
+
+def ring(workers, vnodes):
+    return sorted((signed(mix64((w << 32) + v)), w) for w in range(workers) for v in range(vnodes))
+
+
+class ReferenceCluster:
+    """What ``cluster_reference`` measured: per request ``assignments``,
+    ``hits``, ``rejected``, ``first_token``, ``finish``; per worker lists
+    ``evicted_ids``, ``peak_ids``, ``final_ids``, ``busy_seconds``."""
+
+
+def cluster_reference(trace, workers=8, capacity=None, router="cache_aware", page_size=1,
+                      eviction_policy="lru", *, seed=0, slots=32, prefill_rate=10_000.0,
+                      decode_rate=50.0, arrival_rate=None, load="requests", prefix_pages=4,
+                      vnodes=64, cache_threshold=0.5, balance_abs_threshold=32,
+                      balance_rel_threshold=1.1, max_tree_size=None, eviction_interval=30.0,
+                      overlap_score_weight=1.0):
+    """Replay like ``radix_soa.replay_cluster`` (FCFS, no warmup); returns a
+    ``ReferenceCluster``."""
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
+    flat, offsets, ns, inputs, block = _requests(trace)
+    offsets = np.asarray(offsets, dtype=np.int64).tolist()
+    flat = np.asarray(flat, dtype=np.int64).tolist()
+    ns = np.asarray(ns, dtype=np.int64).tolist()
+    inputs = np.asarray(inputs, dtype=np.int64).tolist()
+    n = len(offsets) - 1
+    outputs = (np.asarray(trace.output_tokens, dtype=np.int64).tolist()
+               if hasattr(trace, "output_tokens") else [0] * n)
+    if arrival_rate is not None:
+        times = [i / arrival_rate for i in range(n)]
+    elif hasattr(trace, "timestamps"):
+        times = np.asarray(trace.timestamps, dtype=np.float64).tolist()
+    else:
+        times = [0.0] * n
+    seqs = [flat[offsets[i]:offsets[i + 1]] for i in range(n)]
+    nw, page, block = workers, page_size, int(block)
+    tpb = block * page
+    caches = [ReferencePrefixCache(capacity=capacity, page_size=page, values=False,
+                                   eviction_policy=eviction_policy) for _ in range(nw)]
+    approx = [ReferencePrefixCache(values=False) for _ in range(nw)]
+    tree_max = capacity if max_tree_size is None else max_tree_size
+    rng = np.random.default_rng(seed).integers(0, nw, n).tolist()
+    points = ring(nw, vnodes) if router == "prefix_hash" else []
+
+    inserted, peak = [0] * nw, [0] * nw
+    outstanding, out_tokens, active, queued = [0] * nw, [0] * nw, [0] * nw, [0] * nw
+    processed, peak_out, busy = [0] * nw, [0] * nw, [0.0] * nw
+    free = [[0.0] * slots for _ in range(nw)]
+    events = []
+    assign, hits, rejected = [0] * n, [0] * n, [False] * n
+    first_token, finish = [0.0] * n, [0.0] * n
+    clock = -math.inf
+    next_evict = 0.0 if eviction_interval is None else eviction_interval
+
+    def blocks(r):
+        return (inputs[r] + outputs[r] + tpb - 1) // tpb
+
+    def uncached(r):
+        return inputs[r] - min(hits[r] * block, inputs[r])
+
+    def shortest_queue():
+        return min(range(nw), key=lambda w: (outstanding[w], processed[w], w))
+
+    for i in range(n):
+        clock = max(clock, times[i])
+        t = clock
+        while events and events[0][0] <= t:
+            _, v = heapq.heappop(events)
+            r, kind = divmod(v, 2)
+            w = assign[r]
+            if kind == 0:
+                queued[w] -= uncached(r)
+            else:
+                outstanding[w] -= 1
+                out_tokens[w] -= inputs[r] + outputs[r]
+                active[w] -= blocks(r)
+        q = seqs[i]
+        qn = len(q) - len(q) % page
+        if router == "round_robin":
+            w = i % nw
+        elif router == "random":
+            w = rng[i]
+        elif router == "least_loaded":
+            loads = out_tokens if load == "tokens" else outstanding
+            w = min(range(nw), key=lambda w: (loads[w], w))
+        elif router == "prefix_hash":
+            h = prefix_hash(q, ns[i], prefix_pages * page)
+            at = bisect.bisect_left(points, (h, -1))
+            w = points[at % len(points)][1]
+        elif router == "cache_aware":
+            if eviction_interval is not None and t >= next_evict:
+                if tree_max is not None:
+                    for tree in approx:
+                        if tree.total_tokens > tree_max:
+                            tree.evict(tree.total_tokens - tree_max)
+                if eviction_interval == 0:
+                    next_evict = t
+                while next_evict <= t and eviction_interval > 0:
+                    next_evict += eviction_interval
+            lo, hi = min(outstanding), max(outstanding)
+            if hi - lo > balance_abs_threshold and hi > lo * balance_rel_threshold:
+                w = shortest_queue()
+            else:
+                lengths = [tree.match_length(q, namespace=ns[i]) for tree in approx]
+                best = max(lengths)
+                rate = best / len(q) if q else 0.0
+                w = lengths.index(best) if rate > cache_threshold else shortest_queue()
+            approx[w].match(q, namespace=ns[i])
+            approx[w].insert(q, namespace=ns[i])
+        else:  # kv_overlap
+            best = best_cost = None
+            mine = blocks(i)
+            for k in range(nw):
+                u = (rng[i] + k) % nw
+                ov = caches[u].match_length(q[:qn], namespace=ns[i])
+                prefill = queued[u] + inputs[i] - min(ov * block, inputs[i])
+                cost = overlap_score_weight * (prefill / tpb) + (active[u] + mine)
+                if best is None or cost < best_cost:
+                    best, best_cost = u, cost
+            w = best
+        assign[i] = w
+        hits[i], res = serve_request(caches[w], q, ns[i])
+        if res is None:
+            rejected[i] = True
+        else:
+            inserted[w] += qn - res.cached
+            peak[w] = max(peak[w], caches[w].total_tokens)
+        s = min(range(slots), key=lambda s: (free[w][s], s))
+        begin = max(t, free[w][s])
+        unc = uncached(i)
+        ready = begin + unc / prefill_rate
+        done = ready + outputs[i] / decode_rate
+        free[w][s] = done
+        busy[w] += done - begin
+        first_token[i], finish[i] = ready, done
+        heapq.heappush(events, (ready, 2 * i))
+        heapq.heappush(events, (done, 2 * i + 1))
+        queued[w] += unc
+        outstanding[w] += 1
+        out_tokens[w] += inputs[i] + outputs[i]
+        active[w] += blocks(i)
+        processed[w] += 1
+        peak_out[w] = max(peak_out[w], outstanding[w])
+
+    out = ReferenceCluster()
+    out.assignments = np.array(assign, np.int64)
+    out.hits = np.array(hits, np.int64)
+    out.rejected = np.array(rejected, bool)
+    out.first_token = np.array(first_token)
+    out.finish = np.array(finish)
+    out.final_ids = [c.total_tokens for c in caches]
+    out.evicted_ids = [inserted[w] - caches[w].total_tokens for w in range(nw)]
+    out.peak_ids = peak
+    out.peak_outstanding = peak_out
+    out.busy_seconds = busy
+    return out
