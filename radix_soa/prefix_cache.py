@@ -10,8 +10,10 @@ and namespaces.
 
 import operator
 import secrets
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import _event_log
 from ._base import TreeCache
@@ -24,6 +26,7 @@ from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKEN
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
                        EvictResult, InsertResult, InvariantError, Match, TreeFormatError)
 from ._sequence import as_tokens, as_values, check_fits
+from ._typing import BatchLike, Namespace, Parallel, TokenSequence
 from ._storage import TreeStorage, batch_plan, span_positions
 from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
                         check_policy)
@@ -88,8 +91,9 @@ class PrefixCache(ServingMixin, TreeCache):
 
     _events = None  # the KV event queue (``events=True``); None: events off
 
-    def __init__(self, capacity=None, page_size=1, *, values=True, dtype=np.int64,
-                 count_inflight=False, eviction_policy="lru", events=False):
+    def __init__(self, capacity: Optional[int] = None, page_size: int = 1, *,
+                 values: bool = True, dtype: DTypeLike = np.int64, count_inflight: bool = False,
+                 eviction_policy: str = "lru", events: bool = False) -> None:
         page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
@@ -122,11 +126,11 @@ class PrefixCache(ServingMixin, TreeCache):
 
     # ------------------------------------------------------------ sizes
     @property
-    def capacity(self):
+    def capacity(self) -> Optional[int]:
         return self._capacity
 
     @property
-    def eviction_policy(self):
+    def eviction_policy(self) -> str:
         """What ``evict`` frees first: ``"lru"`` (least recently used),
         ``"lfu"`` (fewest inserts reached the node, ties least recent),
         ``"fifo"`` / ``"filo"`` (oldest / newest node), ``"mru"`` (most
@@ -137,48 +141,48 @@ class PrefixCache(ServingMixin, TreeCache):
         return POLICIES[int(self._s.meta[M_POLICY])]
 
     @property
-    def page_size(self):
+    def page_size(self) -> int:
         return self._page
 
     @property
-    def has_values(self):
+    def has_values(self) -> bool:
         return self._s.has_values
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self._s.dtype
 
     @property
-    def total_tokens(self):
+    def total_tokens(self) -> int:
         """Tokens cached, over all namespaces."""
         return self._s.count("tokens")
 
     @property
-    def locked_tokens(self):
+    def locked_tokens(self) -> int:
         """Tokens on paths some lock protects."""
         return self._s.count("locked_tokens")
 
     @property
-    def evictable_tokens(self):
+    def evictable_tokens(self) -> int:
         """``total_tokens - locked_tokens``: what ``evict`` can free."""
         s = self._s
         with self._lock:
             return s.count("tokens") - s.count("locked_tokens")
 
     @property
-    def num_nodes(self):
+    def num_nodes(self) -> int:
         """Nodes over all namespaces, roots excluded."""
         return self._s.count("nodes")
 
     @property
-    def namespaces(self):
+    def namespaces(self) -> List[Namespace]:
         """The namespaces that hold a root, in order of first use."""
         with self._lock:
             self._roots_in_sync()
             return list(self._roots)
 
     @property
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """Counters since creation: lookups, query_tokens, hit_tokens,
         inserted_tokens, evicted_tokens and hit_rate (hit / query tokens)."""
         with self._lock:
@@ -188,11 +192,11 @@ class PrefixCache(ServingMixin, TreeCache):
 
     # ------------------------------------------------------------ events
     @property
-    def events_enabled(self):
+    def events_enabled(self) -> bool:
         """True if the cache queues KV events (``events=True``)."""
         return self._events is not None
 
-    def take_events(self):
+    def take_events(self) -> List[Any]:
         """The KV events queued since the last call, oldest first, and the
         queue emptied: ``BlockStored`` for each new run of whole pages an
         insert (or ``checkpoint``/``finish``) cached, ``BlockRemoved`` for
@@ -260,7 +264,7 @@ class PrefixCache(ServingMixin, TreeCache):
             self._roots = {keys[n]: r for n, r in sorted(self._s.roots().items())}
 
     # ------------------------------------------------------------ queries
-    def match(self, tokens, namespace=None):
+    def match(self, tokens: TokenSequence, namespace: Namespace = None) -> Match:
         """Longest cached prefix of ``tokens`` in whole pages: ``Match(length,
         node, values)``.
 
@@ -301,7 +305,7 @@ class PrefixCache(ServingMixin, TreeCache):
         meta[STAT_SLOTS["lookups"]] += lookups
         meta[STAT_SLOTS["query_tokens"]] += tokens
 
-    def match_length(self, tokens, namespace=None):
+    def match_length(self, tokens: TokenSequence, namespace: Namespace = None) -> int:
         """Length of the longest cached whole-page prefix of ``tokens``, read
         only: no split, no recency refresh, no stats (for schedulers and
         studies; also works on a memory-mapped cache).
@@ -322,7 +326,8 @@ class PrefixCache(ServingMixin, TreeCache):
                 length = KD.match_at(s.D, s.like, root, q, self._page)
         return int(length)
 
-    def match_length_batch(self, batch, namespace=None, parallel=None):
+    def match_length_batch(self, batch: BatchLike, namespace: Namespace = None,
+                           parallel: Parallel = None) -> np.ndarray:
         """``match_length`` for every sequence of ``batch`` (an int64 array),
         in parallel for large batches (see ``RadixCache.exists_batch``)."""
         batches = as_batches(batch)
@@ -335,7 +340,8 @@ class PrefixCache(ServingMixin, TreeCache):
         return map_batches(batches, np.int64, lambda b, res: read(
             lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
 
-    def match_batch(self, batch, namespace=None, *, with_values=False):
+    def match_batch(self, batch: BatchLike, namespace: Namespace = None, *,
+                    with_values: bool = False) -> Union[np.ndarray, BatchMatch]:
         """Match lengths for many requests, exactly as a loop of ``match``
         (same splits, same recency updates, same stats), in one call.
 
@@ -394,7 +400,8 @@ class PrefixCache(ServingMixin, TreeCache):
               plan=lambda st, tokens, nodes_: (0, max(nodes_, len(b) - int(cursor[0]))))
 
     # ------------------------------------------------------------ mutation
-    def insert(self, tokens, values=None, namespace=None, priority=0):
+    def insert(self, tokens: TokenSequence, values: Optional[TokenSequence] = None,
+               namespace: Namespace = None, priority: int = 0) -> InsertResult:
         """Cache ``tokens`` (whole pages) with their ``values``:
         ``InsertResult(cached, node, evicted)``.
 
@@ -438,7 +445,8 @@ class PrefixCache(ServingMixin, TreeCache):
         evicted = NOTHING_EVICTED[s.has_values] if not freed else self._evicted(freed, out)
         return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v, evicted))
 
-    def insert_batch(self, batch, values=None, namespace=None, priority=0):
+    def insert_batch(self, batch: BatchLike, values: BatchLike = None, namespace: Namespace = None,
+                     priority: int = 0) -> Tuple[np.ndarray, EvictResult]:
         """``insert`` of every sequence of ``batch`` in one call: returns
         ``(cached, evicted)``, an int64 array (leading tokens already cached
         per sequence; -1 where a sequence could not fit under the capacity
@@ -496,7 +504,7 @@ class PrefixCache(ServingMixin, TreeCache):
             cap = self._kernel_cap()
             ev = None if self._events is None else self._events.ev(
                 self, _event_log.log_size(flat.shape[0], self._page, len(b)))
-            grew = []
+            grew: list = []
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
                                              cap, cursor, cached, out, priority, ev),
                   plan=batch_plan(b, cursor, s.count("tokens"), grew))
@@ -567,7 +575,7 @@ class PrefixCache(ServingMixin, TreeCache):
             return NOTHING_EVICTED[has_values]
         return _new(EvictResult, (freed, out[:freed] if has_values else None))
 
-    def lock(self, node):
+    def lock(self, node: int) -> int:
         """Protect the path root..``node`` from eviction (a reference count:
         each ``lock`` needs its ``unlock``); returns the tokens it newly
         locked (0 when the path was locked already, or for a root).
@@ -578,7 +586,7 @@ class PrefixCache(ServingMixin, TreeCache):
         """
         return self._lock_handle(node, 1)
 
-    def unlock(self, node):
+    def unlock(self, node: int) -> int:
         """Release one ``lock`` of ``node``: returns the tokens it made
         evictable again; ``ValueError`` if the node holds no lock of its own."""
         return self._lock_handle(node, -1)
@@ -642,7 +650,7 @@ class PrefixCache(ServingMixin, TreeCache):
             return -1, 0
         return v, gen
 
-    def evict(self, num_tokens):
+    def evict(self, num_tokens: int) -> EvictResult:
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the unlocked leaves the eviction
         policy scores lowest (least recently used by default): ``EvictResult(num_tokens, values)`` with the freed values."""
@@ -719,7 +727,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._roots = {keys[n]: r for n, r in sorted(roots.items())}
 
     # ------------------------------------------------------------ checks
-    def check_invariants(self, full=True):
+    def check_invariants(self, full: bool = True) -> None:
         """Structure, lock accounting (``evictable + locked == total``, locked
         tokens = spans of locked nodes, locks never grow towards the root...)
         and the eviction heap (exactly the unlocked leaves, in heap order)."""

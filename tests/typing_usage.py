@@ -26,6 +26,15 @@ def usage() -> None:
     assert_type(rc.prefix_ids([[1, 2, 3]]), np.ndarray)
     assert_type(rc.sequence(0), np.ndarray)
 
+    pc = rs.PrefixCache(capacity=100, page_size=1)
+    m = pc.match([1, 2])
+    assert_type(m, rs.Match)
+    assert_type(m.length, int)
+    assert_type(pc.insert([1, 2], values=[5, 6]).node, int)
+    assert_type(pc.lock(m.node), int)
+    assert_type(pc.evict(4), rs.EvictResult)
+    assert_type(pc.match_length([1]), int)
+
     b = rs.pack([[1, 2], [3]])
     assert_type(b, rs.Batch)
     assert_type(b[0], np.ndarray)
