@@ -83,9 +83,7 @@ the same for request counts. Both are 1.0 for a perfect split.
 
 import inspect
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,7 +95,7 @@ from .._results import InvariantError
 from .. import _storage
 from .._storage import TreeStorage, resume
 from .._validate import check_int, check_policy
-from .replay import _as_trace, _readonly, _roots, check_warmup, scored_from
+from .replay import _as_trace, _readonly, _roots, check_warmup, run_replays, scored_from
 
 __all__ = ["replay_cluster", "sweep_cluster", "ClusterResult", "ClusterSweep", "ROUTERS",
            "ring_points", "prefix_hash_route"]
@@ -498,23 +496,9 @@ def sweep_cluster(trace, workers=(1, 2, 4, 8), capacities=(None,), routers=("cac
         _options(r, w, **{k: kwargs.get(k, v) for k, v in _OPTION_DEFAULTS.items()})
         if c is not None:
             check_int("capacity", c, minimum=0)
-    if threads is None:
-        threads = min(len(combos), os.cpu_count() or 1)
-    threads = check_int("threads", threads, minimum=1, maximum=1024)
-    done = [0]
-
-    def one(combo):
-        w, r, c = combo
-        res = replay_cluster(tr, workers=w, capacity=c, router=r, **kwargs)
-        done[0] += 1
-        if progress is not None:
-            progress(done[0])
-        return res
-
-    if threads <= 1:
-        return ClusterSweep([one(c) for c in combos])
-    with ThreadPoolExecutor(threads) as pool:
-        return ClusterSweep(list(pool.map(one, combos)))
+    return ClusterSweep(run_replays(
+        lambda combo: replay_cluster(tr, workers=combo[0], capacity=combo[2], router=combo[1],
+                                     **kwargs), combos, threads, progress))
 
 
 #: The router and time-model options of ``replay_cluster`` and their defaults.

@@ -380,19 +380,28 @@ def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):
     caps = list(capacities)
     if not caps:
         raise ValueError("capacities is empty")
+    return SweepResult(run_replays(lambda cap: replay(tr, capacity=cap, **kwargs), caps,
+                                   threads, progress))
+
+
+def run_replays(one, items, threads, progress):
+    """``[one(item) for item in items]`` on ``threads`` threads (default:
+    the CPU count, at most one per item; the replay kernels release the
+    GIL), calling ``progress(done)`` after each; results in ``items``'
+    order. The sweeps' shared loop."""
     if threads is None:
-        threads = min(len(caps), os.cpu_count() or 1)
+        threads = min(len(items), os.cpu_count() or 1)
     threads = check_int("threads", threads, minimum=1, maximum=1024)
     done = [0]
 
-    def one(cap):
-        r = replay(tr, capacity=cap, **kwargs)
+    def counted(item):
+        r = one(item)
         done[0] += 1
         if progress is not None:
             progress(done[0])
         return r
 
     if threads <= 1:
-        return SweepResult([one(c) for c in caps])
+        return [counted(item) for item in items]
     with ThreadPoolExecutor(threads) as pool:
-        return SweepResult(list(pool.map(one, caps)))
+        return list(pool.map(counted, items))
