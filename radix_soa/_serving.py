@@ -20,7 +20,8 @@ from ._kernels import prefix as KP
 from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, ROOM, LOCK_LIMIT, M_INFLIGHT,
                               M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
                               R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
-                              R_LAST_N, R_LAST_NODE, R_NODE, R_PHASE, R_RESERVED, R_STEPS,
+                              R_LAST_N, R_LAST_NODE, R_LAST_PARTIAL, R_NODE, R_PHASE, R_RESERVED,
+                              R_STEPS,
                               REQUEST_SIZE, STAT_SLOTS)
 from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        Finished, InvariantError, Match)
@@ -29,6 +30,8 @@ from ._storage import roots_and_depths, span_positions
 from ._validate import check_int
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
+_new = tuple.__new__  # a named tuple without its Python-level constructor
+_STATE_ROWS = 64  # request state arrays allocated at a time (``_state_row``)
 
 
 class Request:
@@ -50,15 +53,17 @@ class Request:
     __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
                  "_inputs")
 
-    def __init__(self, owner, namespace, out, evict_out, priority=0):
-        self._st = np.zeros(REQUEST_SIZE, np.int64)
+    def __init__(self, owner, namespace, out, evict_out, priority=0, state=None):
+        self._st = np.zeros(REQUEST_SIZE, np.int64) if state is None else state
         self.owner = owner  # the cache, and its reset count at begin
         self.epoch = owner._epoch
         self.namespace = namespace
         self.priority = priority     # of its inserts (eviction_policy="priority")
         self._out = out              # the values begin matched
         self._evict_out = evict_out  # the values begin evicted
-        self._inputs = {}            # step -> (values, evicted out) of a checkpoint/finish
+        # (step, out) of the last two checkpoint/finish/abort calls, at index
+        # step % 2: ``out`` holds what the call handed back (None: an abort)
+        self._inputs = [None, None]
 
     @property
     def open(self):
@@ -100,32 +105,34 @@ class Request:
         """What the last committed ``checkpoint`` (the array of slots to
         free) or ``finish`` (``Finished``) returned; None before either."""
         st = self._st.tolist()
-        inputs = self._inputs.get(st[R_STEPS])
-        if inputs is None:
-            return None
-        vals, out = inputs
-        if vals is None:  # an abort
-            return None
-        has_values = self.owner._s.has_values
-        cached, n, freed = st[R_LAST_CACHED], st[R_LAST_N], st[R_LAST_FREED]
-        dup = vals[st[R_LAST_FROM]:cached] if has_values else None
-        if st[R_PHASE] != FINISHED:  # a checkpoint: duplicates and evicted slots
-            return np.concatenate([dup, out[:freed]]) if has_values else None
-        evicted = self.owner._evicted(freed, out)
-        free = None
-        if has_values:  # (values for the whole pages only: no partial page to free)
-            free = dup.copy() if n == vals.shape[0] else np.concatenate([dup, vals[n:]])
-        return Finished(cached, self.owner._handle(st[R_LAST_NODE], st[R_LAST_GEN]), free,
-                        evicted)
+        staged = self._inputs[st[R_STEPS] & 1]
+        if staged is None or staged[0] != st[R_STEPS] or staged[1] is None:
+            return None  # nothing staged for this step, or an abort
+        return self._result(st, staged[1])
 
-    def _stage(self, vals, out):
-        """Record the inputs of the transition about to run (one store, keyed
-        by the step it will be), so ``result`` can be rebuilt after it."""
+    def _result(self, st, out):
+        """The result of the call recorded in ``st`` (a list) that handed
+        back ``out`` (``_kernels.lifecycle.free_layout``: the duplicates,
+        for a finish the partial page, then what making room evicted)."""
+        owner = self.owner
+        has_values = owner._s.has_values
+        cached, freed = st[R_LAST_CACHED], st[R_LAST_FREED]
+        if has_values:
+            partial = st[R_LAST_PARTIAL]
+            end = st[R_LAST_N] - st[R_LAST_FROM] + partial
+            start = end - partial - (cached - st[R_LAST_FROM])
+        if st[R_PHASE] != FINISHED:  # a checkpoint: duplicates, then evicted slots
+            return out[start:end + freed] if has_values else None
+        evicted = NOTHING_EVICTED[has_values] if not freed else _new(
+            EvictResult, (freed, out[end:end + freed] if has_values else None))
+        return _new(Finished, (cached, owner._handle(st[R_LAST_NODE], st[R_LAST_GEN]),
+                               out[start:end] if has_values else None, evicted))
+
+    def _stage(self, out):
+        """Record the ``out`` of the transition about to run (one store, at
+        the step it will be), so ``result`` can be rebuilt after it."""
         step = int(self._st[R_STEPS]) + 1
-        inputs = self._inputs
-        inputs[step] = (vals, out)
-        if len(inputs) > 2:
-            inputs.pop(step - 2, None)
+        self._inputs[step & 1] = (step, out)
 
     def __repr__(self):
         state = {OPEN: "open", FINISHED: "finished", ABORTED: "aborted"}.get(
@@ -241,7 +248,7 @@ class ServingMixin:
             capacity = self._cap if count else -1  # what a reservation counts against
             evict_out = _NO_VALUES if capacity < 0 else self._begin_evict_out(
                 capacity, q.shape[0] if reserve < 0 else reserve)
-            request = Request(self, namespace, out, evict_out, priority)
+            request = Request(self, namespace, out, evict_out, priority, self._state_row())
             # listed before its kernel runs: a begin interrupted after it is
             # still found by open_requests() (and the listing skips the others)
             self._requests[id(request)] = request
@@ -267,6 +274,21 @@ class ServingMixin:
                     f"capacity {self._capacity}, {self.total_tokens} cached "
                     f"({self.locked_tokens} locked), {self.inflight_tokens} in flight")
         return request
+
+    def _state_row(self):
+        """A zeroed state array for a new request: a row of a block shared by
+        the next requests (a view costs a third of a fresh small array).
+        Called under the lock; a row is never handed out twice."""
+        rows = self._state_rows
+        if rows is None or self._next_row == _STATE_ROWS:
+            rows = self._state_rows = np.zeros((_STATE_ROWS, REQUEST_SIZE), np.int64)
+            self._next_row = 0
+        row = rows[self._next_row]
+        self._next_row += 1
+        return row
+
+    _state_rows = None  # the block ``_state_row`` hands rows from
+    _next_row = 0
 
     def _begin_evict_out(self, capacity, need):
         """``out`` for the values ``begin`` may evict: at most its
@@ -304,7 +326,7 @@ class ServingMixin:
             if self._readers:
                 self._drain_readers()
             self._check_open(request)
-            request._stage(None, None)  # an abort has no result
+            request._stage(None)  # an abort has no result
             status = KL.req_abort(self._s.D, self._s.like, request._st)
             if status != DONE:
                 raise self._transition_error(status, request)
@@ -316,13 +338,14 @@ class ServingMixin:
         if self._s.readonly:
             self._writable()
         q, n, vals = self._tokens_and_values(tokens, values)
-        vals = vals.copy()  # the result is rebuilt from them: never the caller's array
+        finishing = kernel is KL.req_finish
         with self._lock:
             if self._readers:
                 self._drain_readers()
             s = self._s  # under the lock: a reset() may have replaced it
-            self._check_open(request)
-            priority = request.priority
+            if type(request) is not Request or request.owner is not self \
+                    or request.epoch is not self._epoch:
+                self._check_open(request)  # raises
             namespace = request.namespace
             key = 0 if namespace is None else namespace  # None: the default namespace
             root = self._roots.get(key, -1) if type(key) is int else -1
@@ -334,8 +357,13 @@ class ServingMixin:
             cap = self._cap
             if self._count_inflight:
                 cap = self._kernel_cap(own=int(st[R_RESERVED]))
-            out = np.empty(n, np.int64) if cap >= 0 and s.has_values else _NO_VALUES
-            request._stage(vals, out)
+            out = _NO_VALUES
+            if s.has_values:  # what it hands back (``_kernels.lifecycle.free_layout``)
+                nvals = vals.shape[0]
+                end = n - min(int(st[R_CACHED]), n) + (nvals - n if finishing else 0)
+                out = np.empty(end + n if cap >= 0 else end, np.int64)
+            request._stage(out)
+            priority = request.priority
             if self._events is not None:
                 ev = self._events.ev(self, log_size(n, self._page))
                 status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
@@ -349,10 +377,11 @@ class ServingMixin:
             if root < 0:
                 self._roots_in_sync()
             if status != DONE:
+                self._check_open(request)  # a closed request's own error first
                 raise self._transition_error(status, request)
-            if kernel is KL.req_finish:
+            if finishing:
                 self._requests.pop(id(request), None)
-            return request.result
+            return request._result(st.tolist(), out)
 
     def _transition_error(self, status, request):
         if status == FULL:

@@ -138,5 +138,6 @@ R_LAST_N = 11       # whole-page tokens it inserted
 R_LAST_FREED = 12   # tokens its insert evicted
 R_LAST_NODE = 13
 R_LAST_GEN = 14
+R_LAST_PARTIAL = 15  # values of the partial last page it handed back (finish)
 REQUEST_SIZE = 16
 NEW, OPEN, FINISHED, ABORTED = range(4)

@@ -19,7 +19,7 @@ from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIM
                      M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
                      PARENT, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED,
-                     R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LOCKED, R_NODE, R_PHASE,
+                     R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LAST_PARTIAL, R_LOCKED, R_NODE, R_PHASE,
                      R_RESERVED, R_STEPS, STALE, STAMP, START, TABLE, TOKENS, VALUES)
 from .mutation import split
 from .prefix import (handle_live, insert_one_at_priority, lock_fits, path_top, path_unlocked,
@@ -134,11 +134,27 @@ def _top_lock(T, root, q, n, page, st):
 
 
 @kernel
-def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
+def free_layout(st, n, nvals, finishing):
+    """``(partial, end)`` of the slots a checkpoint or finish of ``n``
+    whole-page tokens with ``nvals`` values hands back in its ``out``:
+    ``out[:end]`` ends with the duplicates (at most ``n`` minus the request's
+    cached prefix) followed, for a finish, by the ``partial`` last page's
+    values; what making room evicts goes from ``end`` on. ``(0, 0)``
+    without values."""
+    if nvals == 0:
+        return 0, 0
+    partial = nvals - n if finishing else 0
+    return partial, max(n - st[R_CACHED], 0) + partial
+
+
+@kernel
+def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, finishing, ev=None):
     """The insert of a checkpoint or finish, for an open request whose lock
     is held (else ``STALE``), its outcome recorded in ``st[R_LAST_*]``.
     ``MISMATCH``: ``q`` does not start with the request's cached prefix;
-    ``LIMIT``: the lock it would move to cannot be taken."""
+    ``LIMIT``: the lock it would move to cannot be taken. The slots to hand
+    back go to ``out`` (``free_layout``): the caller keeps no copy of
+    ``vals``, so the result can be rebuilt from ``st`` and ``out`` alone."""
     status = _check_request(T, st)
     if status != DONE:
         return status
@@ -146,13 +162,26 @@ def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None
         return MISMATCH
     if _top_lock(T, root, q, n, page, st) >= LOCK_LIMIT:
         return LIMIT
+    has_values = T[VALUES].shape[0] > 0
+    partial, end = free_layout(st, n, vals.shape[0], finishing)
+    evict_out = out[end:]
     status, cached, node, gen, freed = insert_one_at_priority(T, root, ns, q, n, vals, page, cap,
-                                                              out, priority, st[R_CACHED], ev)
+                                                              evict_out, priority, st[R_CACHED],
+                                                              ev)
     if status == DONE:
-        st[R_LAST_FROM] = st[R_CACHED]
+        frm = st[R_CACHED]
+        if has_values:
+            dup = cached - frm
+            at = end - partial - dup
+            for i in range(dup):
+                out[at + i] = vals[frm + i]
+            for i in range(partial):
+                out[end - partial + i] = vals[n + i]
+        st[R_LAST_FROM] = frm
         st[R_LAST_CACHED] = cached
         st[R_LAST_N] = n
         st[R_LAST_FREED] = freed
+        st[R_LAST_PARTIAL] = partial
         st[R_LAST_NODE] = node
         st[R_LAST_GEN] = gen
     return status
@@ -165,7 +194,7 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st, 
     and turn the reservation of the newly cached tokens into cached ones.
     ``ROOM``/``FULL``/``STALE``/``MISMATCH``/``LIMIT``: nothing changed."""
     T = tree_at(D, like)
-    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev)
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, False, ev)
     if status != DONE:
         return status
     node = st[R_LAST_NODE]
@@ -191,7 +220,7 @@ def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st, ev=N
     """``finish``: insert ``q[:n]`` as ``req_checkpoint`` does, then release
     the request's lock and reservation and close it."""
     T = tree_at(D, like)
-    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, ev)
+    status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, True, ev)
     if status != DONE:
         return status
     _release(T, st)
