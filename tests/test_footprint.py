@@ -12,6 +12,9 @@ import radix_soa as rs
 from radix_soa import workloads
 from radix_soa.baselines.arrays import NO_ENTRY, SequenceHashSet, TokenTrie
 from radix_soa.studies.footprint import FootprintTable, compare_footprint
+
+# one worker runs this file: its module-scoped fixture is built once
+pytestmark = pytest.mark.xdist_group("footprint")
 from radix_soa.baselines.reference import ReferenceRadixTree
 
 NAMES = ["RadixCache int64", "RadixCache int32", "token trie", "sequence hash set",
@@ -408,3 +411,33 @@ def test_shared_prefix_radix_vs_python_object_tree():
     assert r64 >= 4.8, f"int64: {r64:.2f}x (regression below the measured 4.97x)"
     # the 5x array-only ratio also holds against the Python set of tuples
     assert t.row("Python set of tuples")["bytes"] >= 5 * t.row("RadixCache int64")["bytes"]
+
+
+def test_the_public_tracemalloc_path_counts_what_the_fast_path_counts(monkeypatch):
+    """``_held_by_builders`` reads CPython's raw trace tuples when they have
+    the shape it checks, else ``Snapshot.statistics``: both give the same
+    rows, and a snapshot whose traces are not that shape takes the public path."""
+    from radix_soa.studies import footprint as F
+
+    seqs = workloads.shared_prefix(n_sequences=40, n_prompts=2, prompt_len=30,
+                                   tail_len=(5, 10), seed=6)
+    fast = compare_footprint(seqs, dtypes=("int64",))
+    calls = []
+
+    def public_only(snap):
+        calls.append(snap)
+        return None
+
+    monkeypatch.setattr(F, "_raw_traces", public_only)
+    public = compare_footprint(seqs, dtypes=("int64",))
+    assert calls  # the public path ran
+    for name in PY_ROWS:
+        a, b = fast.row(name)["bytes"], public.row(name)["bytes"]
+        assert a > 0 and abs(a - b) <= 0.02 * a, name
+    monkeypatch.undo()
+
+    class Odd:
+        class traces:
+            _traces = [("not", "a trace")]
+    assert F._raw_traces(Odd()) is None
+    assert F._raw_traces(object()) is None

@@ -38,7 +38,6 @@ handed in.
 """
 
 import gc
-import glob
 import time
 import tracemalloc
 
@@ -320,10 +319,32 @@ def _traced(build, batch, count, nodes):
 # traces keeps out what other threads allocate or free meanwhile, and frees of
 # unrelated objects traced before the build (a global before/after total
 # counted both, which made the rows vary by a few percent in a busy process).
-_BUILDER_FILES = tuple(glob.escape(f) for f in (__file__, reference_module.__file__))
+_BUILDER_FILES = frozenset((__file__, reference_module.__file__))
 
 
 def _held_by_builders():
-    snap = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(True, f) for f in _BUILDER_FILES])
-    return sum(stat.size for stat in snap.statistics("filename"))
+    snap = tracemalloc.take_snapshot()
+    raw = _raw_traces(snap)
+    if raw is not None:  # what a Filter per file keeps (innermost frame), 20x faster
+        files = _BUILDER_FILES
+        return sum(t[1] for t in raw if t[2] and t[2][0][0] in files)
+    stats = snap.statistics("filename")
+    return sum(stat.size for stat in stats if stat.traceback[0].filename in _BUILDER_FILES)
+
+
+def _raw_traces(snap):
+    """CPython's trace tuples behind ``snap.traces`` (``(domain, size,
+    frames, ...)``, frames innermost first as ``(filename, lineno)``), or
+    None where they are not so: a private attribute, read only after its
+    shape is checked. The public path (``Snapshot.statistics``, then the
+    same files) runs a Python loop building objects per trace: a Python
+    model's millions of traces made it most of a footprint study's time."""
+    raw = getattr(getattr(snap, "traces", None), "_traces", None)
+    if type(raw) is not list:
+        return None
+    if raw:
+        t = raw[0]
+        if not (type(t) is tuple and len(t) >= 3 and type(t[1]) is int and type(t[2]) is tuple
+                and t[2] and type(t[2][0]) is tuple and type(t[2][0][0]) is str):
+            return None
+    return raw
