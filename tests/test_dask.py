@@ -16,6 +16,9 @@ import dask.bag as db  # noqa: E402
 import radix_soa as rs  # noqa: E402
 import radix_soa.dask as rsd  # noqa: E402
 
+# one worker runs this file: its module-scoped fixture is built once
+pytestmark = pytest.mark.xdist_group("dask")
+
 
 @pytest.fixture(scope="module")
 def client():

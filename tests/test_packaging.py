@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("build", reason="python -m build is not installed (pip install build)")
 
+# one worker runs this file: its module-scoped fixture is built once
+pytestmark = pytest.mark.xdist_group("packaging")
+
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory):
