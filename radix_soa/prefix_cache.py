@@ -206,7 +206,9 @@ class PrefixCache(ServingMixin, TreeCache):
         in the same namespace hash alike on every cache; ``RouterIndex``
         rebuilds what each cache holds from them. A match (even one that
         splits a node) changes no pages and queues nothing. A loaded,
-        unpickled or copied cache starts with events off.
+        unpickled or copied cache starts with events off. An exception
+        during the call (``KeyboardInterrupt``, ``MemoryError``) loses no
+        event: the next call returns them (``tests/test_faults.py``).
 
         >>> pc = PrefixCache(capacity=4, page_size=2, events=True)
         >>> _ = pc.insert([1, 2, 3, 4], values=[0, 0, 0, 0])
@@ -218,10 +220,23 @@ class PrefixCache(ServingMixin, TreeCache):
         """
         if self._events is None:
             raise ValueError("this cache queues no events; make it with events=True")
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
-            return self._events.take()
+        out = None
+        try:
+            with self._lock:
+                if self._readers:
+                    self._drain_readers()
+                out = self._events.take()
+            return out
+        except BaseException:
+            # an exception (KeyboardInterrupt, MemoryError) after the take
+            # emptied the queue but before the events reached the caller:
+            # they go back, first, for the next call
+            if out is not None:
+                with self._lock:
+                    if self._readers:
+                        self._drain_readers()
+                    self._events.hold(out)
+            raise
 
     # ------------------------------------------------------------ handles
     def _root(self, namespace, create=True):
