@@ -14,6 +14,7 @@ import operator
 
 import numpy as np
 
+from ._base import ReadersWriter
 from ._kernels import router as KR
 from ._kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                          event_from_dict, namespace_seed)
@@ -32,7 +33,7 @@ _MESSAGES = {
 }
 
 
-class RouterIndex:
+class RouterIndex(ReadersWriter):
     """Every worker's cached pages in one struct-of-arrays index, from their
     KV events.
 
@@ -59,8 +60,13 @@ class RouterIndex:
     call applied before it are undone). Hashes are trusted as page
     identities: two different pages with one 64-bit hash would be one node.
 
-    Not safe to mutate from several threads at once; reads (``overlap``)
-    may run beside each other.
+    Safe to share between threads: ``apply`` and ``remove_worker`` hold the
+    index's lock from their first check to their last change (and wait for
+    running ``overlap_batch`` calls), ``overlap`` and the other reads hold
+    it while they read, and ``overlap_batch`` reads as a registered reader
+    beside other readers, its kernel without the GIL. So any mix of calls
+    from any threads answers as some serial order of them would: a read
+    sees every ``apply`` entirely or not at all.
     """
 
     def __init__(self, page_size=16):
@@ -73,6 +79,7 @@ class RouterIndex:
         self._alloc(64, 128)
         self._seed_none = np.uint64(namespace_seed(None))
         self._seeds = {None: self._seed_none}
+        self._init_lock()
 
     # ------------------------------------------------------------ storage
     def _alloc(self, nodes, slots, old=None):
@@ -156,24 +163,27 @@ class RouterIndex:
             parsed.append(e)
         if not parsed:
             return
-        new = worker not in self._cols
-        col = self._column(worker, True)
-        undo = []
-        try:
-            for i, e in enumerate(parsed):
-                self._apply_one(i, col, worker, e, undo)
-        except BaseException:
-            for step in reversed(undo):
-                step()
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            new = worker not in self._cols
+            col = self._column(worker, True)
+            undo = []
+            try:
+                for i, e in enumerate(parsed):
+                    self._apply_one(i, col, worker, e, undo)
+            except BaseException:
+                for step in reversed(undo):
+                    step()
+                if new:
+                    self._col_ids[col] = None
+                raise
             if new:
-                self._col_ids[col] = None
-            raise
-        if new:
-            self._cols[worker] = col
-            self._col_ids[col] = worker
-            w, bit = self._bit(col)
-            self._live[w] |= bit
-            self._columns_changed()
+                self._cols[worker] = col
+                self._col_ids[col] = worker
+                w, bit = self._bit(col)
+                self._live[w] |= bit
+                self._columns_changed()
 
     def _apply_one(self, i, col, worker, e, undo):
         w, bit = self._bit(col)
@@ -233,15 +243,18 @@ class RouterIndex:
 
     def remove_worker(self, worker):
         """Forget ``worker`` and every page it holds (``KeyError`` if unknown)."""
-        col = self._cols.get(worker)
-        if col is None:
-            raise KeyError(f"worker {worker!r} is not in the index")
-        w, bit = self._bit(col)
-        self._clear(w, bit)
-        del self._cols[worker]
-        self._col_ids[col] = None
-        self._live[w] &= ~bit
-        self._columns_changed()
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            col = self._cols.get(worker)
+            if col is None:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            w, bit = self._bit(col)
+            self._clear(w, bit)
+            del self._cols[worker]
+            self._col_ids[col] = None
+            self._live[w] &= ~bit
+            self._columns_changed()
 
     def _columns_changed(self):
         keep = [c for c, w in enumerate(self._col_ids) if w is not None]
@@ -256,14 +269,16 @@ class RouterIndex:
     @property
     def workers(self):
         """The worker ids, in the order of ``overlap``'s columns."""
-        return [w for w in self._col_ids if w is not None]
+        with self._lock:
+            return [w for w in self._col_ids if w is not None]
 
     def __len__(self):
         """Distinct pages some worker holds."""
         return int(self._meta[KR.X_LIVE])
 
     def __contains__(self, worker):
-        return worker in self._cols
+        with self._lock:
+            return worker in self._cols
 
     def _seed(self, namespace):
         try:
@@ -287,36 +302,42 @@ class RouterIndex:
         whose whole pages it caches under ``namespace``: an int64 array."""
         q = as_tokens(tokens)
         seed = self._seed_none if namespace is None else self._seed(namespace)
-        res = np.empty(65 * self._words, np.int64)
-        KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live, res)
-        return res[self._out]
+        with self._lock:  # the kernel holds the GIL: the lock keeps out a half-done apply
+            res = np.empty(65 * self._words, np.int64)
+            KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
+                          res)
+            return res[self._out]
 
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
         takes): an int64 array of requests x workers."""
         seed = self._seed(namespace)
-        words = self._words
+        batches = list(as_batches(batch))
 
-        def run(b, _res):
-            res = np.empty((len(b), 65 * words), np.int64)
-            KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
-                                self._page, seed, self._live, res)
-            return res[:, self._out]
+        def run():  # registered: no writer changes the arrays until it returns
+            words, out = self._words, self._out
+            parts = []
+            for b in batches:
+                res = np.empty((len(b), 65 * words), np.int64)
+                KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
+                                    self._page, seed, self._live, res)
+                parts.append(res[:, out])
+            if not parts:
+                return np.zeros((0, len(self._cols)), np.int64)
+            return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-        parts = [run(b, None) for b in as_batches(batch)]
-        if not parts:
-            return np.zeros((0, len(self.workers)), np.int64)
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return self._read_released(run)
 
     def blocks_of(self, worker):
         """The page hashes ``worker`` holds, sorted (for audits and tests)."""
-        col = self._cols.get(worker)
-        if col is None:
-            raise KeyError(f"worker {worker!r} is not in the index")
-        w, bit = self._bit(col)
-        end = int(self._meta[KR.X_END])
-        held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
-        return sorted(self._keys[:end][held].tolist())
+        with self._lock:
+            col = self._cols.get(worker)
+            if col is None:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            w, bit = self._bit(col)
+            end = int(self._meta[KR.X_END])
+            held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
+            return sorted(self._keys[:end][held].tolist())
 
     def __repr__(self):
         return f"RouterIndex(page_size={self._page}, workers={len(self._cols)}, pages={len(self)})"
