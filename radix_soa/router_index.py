@@ -15,6 +15,7 @@ import operator
 import numpy as np
 
 from ._base import ReadersWriter
+from ._block_hash import block_hashes, check_event_hash, key64, none_hash
 from ._kernels import router as KR
 from ._kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                          event_from_dict, namespace_seed)
@@ -60,6 +61,18 @@ class RouterIndex(ReadersWriter):
     call applied before it are undone). Hashes are trusted as page
     identities: two different pages with one 64-bit hash would be one node.
 
+    ``event_hash`` is the hash the workers' events use (``PrefixCache``'s
+    ``event_hash``): ``"fast64"`` (the default) or vLLM's ``"sha256_cbor"``
+    with the engines' ``event_hash_seed`` (``PYTHONHASHSEED``). With
+    ``sha256_cbor`` a block hash is 32 bytes (or vLLM's int form of it, its
+    low 64 bits) and the index keys each block by those low 64 bits
+    (``_block_hash.key64``): the same collision rule as ``fast64``, two
+    blocks whose 32-byte hashes share the low 64 bits would be one node
+    (about ``n**2 / 2**65`` for ``n`` blocks). ``overlap`` then hashes the
+    query in Python, pages times a SHA-256 and a CBOR encoding (tens of
+    microseconds for a 1,100-token request of 16-token pages), where
+    ``fast64`` hashes in the kernel. A ``fast64`` index refuses bytes hashes.
+
     Safe to share between threads: ``apply`` and ``remove_worker`` hold the
     index's lock from their first check to their last change (and wait for
     running ``overlap_batch`` calls), ``overlap`` and the other reads hold
@@ -69,8 +82,11 @@ class RouterIndex(ReadersWriter):
     sees every ``apply`` entirely or not at all.
     """
 
-    def __init__(self, page_size=16):
+    def __init__(self, page_size=16, *, event_hash="fast64", event_hash_seed=None):
         self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
+        self._event_hash = check_event_hash(event_hash)
+        self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
+        self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
         self._out = slice(0, 0)  # the live columns of a result row (a slice when no holes)
@@ -160,6 +176,10 @@ class RouterIndex(ReadersWriter):
             if isinstance(e, BlockStored) and e.block_size != self._page:
                 raise EventError(f"event {i}: block_size {e.block_size} but this index has "
                                  f"page_size {self._page}")
+            if (self._none_hash is None and not isinstance(e, AllBlocksCleared) and e.block_hashes
+                    and isinstance(e.block_hashes[0], bytes)):
+                raise EventError(f"event {i}: bytes block hashes, but this index has "
+                                 "event_hash='fast64' (make it with event_hash='sha256_cbor')")
             parsed.append(e)
         if not parsed:
             return
@@ -191,7 +211,7 @@ class RouterIndex(ReadersWriter):
         if isinstance(e, AllBlocksCleared):
             self._clear(w, bit, undo)
             return
-        hashes = np.array(e.block_hashes, np.uint64)
+        hashes = np.array([key64(h) for h in e.block_hashes], np.uint64)
         if isinstance(e, BlockRemoved):
             bad = KR.rx_check_remove(self._table, k, m, w, bit, hashes)
             if bad >= 0:
@@ -203,7 +223,7 @@ class RouterIndex(ReadersWriter):
             undo.append(lambda: self._add(w, bit, hashes, parents, hasp))
             return
         has_parent = e.parent_block_hash is not None
-        parent = np.uint64(e.parent_block_hash if has_parent else 0)
+        parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
         status, at = KR.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
                                        has_parent)
         if status != KR.OK:
@@ -267,6 +287,21 @@ class RouterIndex(ReadersWriter):
         return self._page
 
     @property
+    def event_hash(self):
+        """The page hash of the events this index takes (``"fast64"`` or
+        ``"sha256_cbor"``)."""
+        return self._event_hash
+
+    def _page_keys(self, q, namespace):
+        """``sha256_cbor``: the 64-bit keys of the whole pages of ``q``."""
+        if namespace is None:
+            namespace = 0
+        if not (isinstance(namespace, str) or type(namespace) is int):
+            namespace = operator.index(namespace)  # the _seed check named the type already
+        hs = block_hashes(q.tolist(), self._page, None, namespace, self._none_hash)
+        return np.array([key64(h) for h in hs], np.uint64)
+
+    @property
     def workers(self):
         """The worker ids, in the order of ``overlap``'s columns."""
         with self._lock:
@@ -302,10 +337,11 @@ class RouterIndex(ReadersWriter):
         whose whole pages it caches under ``namespace``: an int64 array."""
         q = as_tokens(tokens)
         seed = self._seed_none if namespace is None else self._seed(namespace)
+        hkeys = self._no_keys if self._none_hash is None else self._page_keys(q, namespace)
         with self._lock:  # the kernel holds the GIL: the lock keeps out a half-done apply
             res = np.empty(65 * self._words, np.int64)
             KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
-                          res)
+                          res, hkeys)
             return res[self._out]
 
     def overlap_batch(self, batch, namespace=None):
@@ -313,6 +349,16 @@ class RouterIndex(ReadersWriter):
         takes): an int64 array of requests x workers."""
         seed = self._seed(namespace)
         batches = list(as_batches(batch))
+        if self._none_hash is not None:  # hashed here, row by row, then read at one instant
+            rows = [b.flat[b.offsets[i]:b.offsets[i + 1]] for b in batches
+                    for i in range(len(b))]
+            keys = [self._page_keys(q, namespace) for q in rows]
+            with self._lock:
+                res = np.empty((len(rows), 65 * self._words), np.int64)
+                for i, q in enumerate(rows):
+                    KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed,
+                                  self._live, res[i], keys[i])
+                return res[:, self._out]
 
         def run():  # registered: no writer changes the arrays until it returns
             words, out = self._words, self._out
@@ -320,7 +366,7 @@ class RouterIndex(ReadersWriter):
             for b in batches:
                 res = np.empty((len(b), 65 * words), np.int64)
                 KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
-                                    self._page, seed, self._live, res)
+                                    self._page, seed, self._live, res, self._no_keys)
                 parts.append(res[:, out])
             if not parts:
                 return np.zeros((0, len(self._cols)), np.int64)
@@ -340,5 +386,7 @@ class RouterIndex(ReadersWriter):
             return sorted(self._keys[:end][held].tolist())
 
     def __repr__(self):
-        return f"RouterIndex(page_size={self._page}, workers={len(self._cols)}, pages={len(self)})"
+        h = "" if self._none_hash is None else ", event_hash='sha256_cbor'"
+        return (f"RouterIndex(page_size={self._page}{h}, workers={len(self._cols)}, "
+                f"pages={len(self)})")
 

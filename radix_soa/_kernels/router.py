@@ -191,16 +191,19 @@ def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, ha
 
 
 @kernel
-def rx_overlap(table, keys, masks, q, page, seed, live, res):
+def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys):
     """``overlap_at`` of all of ``q``."""
-    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res)
+    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res, hkeys)
 
 
 @kernel
-def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res):
+def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys):
     """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
     it holds, into ``res`` (every column of ``live``, int64 words; ``res``
-    has a word of scratch per word of ``live`` after the 64 columns of each)."""
+    has a word of scratch per word of ``live`` after the 64 columns of each).
+    The pages' keys are their chained ``page_hash`` from ``seed``, or
+    ``hkeys`` when it is not empty (one per page, hashed by the caller:
+    ``sha256_cbor``)."""
     words = masks.shape[1]
     alive = res[64 * words:]
     left = 0
@@ -209,9 +212,10 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res):
         left |= live[w]
     h = seed
     npages = qn // page
+    given = hkeys.shape[0] > 0
     i = 0
     while i < npages and left != 0:
-        h = page_hash(h, q, qs + i * page, page)
+        h = hkeys[i] if given else page_hash(h, q, qs + i * page, page)
         v = rx_find(table, keys, h)
         if v < 0:
             break
@@ -237,8 +241,9 @@ def _set_bits(res, w, bits, value):
 
 
 @kernel_nogil
-def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res):
-    """``overlap_at`` of every sequence of a CSR batch into row i of ``res``."""
+def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res, hkeys):
+    """``overlap_at`` of every sequence of a CSR batch into row i of ``res``
+    (``hkeys`` empty: the page hash)."""
     for i in range(offsets.shape[0] - 1):
         overlap_at(table, keys, masks, flat, offsets[i], offsets[i + 1] - offsets[i], page,
-                   seed, live, res[i])
+                   seed, live, res[i], hkeys)
