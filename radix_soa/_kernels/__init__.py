@@ -21,9 +21,11 @@ Modules, bottom up (a module calls only those above it in this list)::
     heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, touch
     descent     common -> descend -> exists_one, match_one; settle, refill ->
                 descend_lanes (GROUP queries interleaved, prefetched) ->
-                exists_batch(_parallel), match_batch(_parallel)
+                exists_batch(_parallel), match_batch(_parallel); descend_group
+                (a group's descents, for radix_insert_batch)
     mutation    alloc_node, free_node, new_root; copy_run; split, new_leaf -> extend
-                -> insert_one -> radix_insert, radix_insert_batch; set_terminal;
+                -> insert_one -> radix_insert; descend_group, descend, extend ->
+                radix_insert_batch; set_terminal;
                 unlink, merge_room, merge_into_child -> remove_one
     walks       children_csr -> compact_spans; sorted_children, dfs_terminals
                 -> collect_sequences
