@@ -585,6 +585,8 @@ def section_containers(repeat):
 
     objects = np.empty(n, object)
     objects[:] = [flat[offsets[i]:offsets[i + 1]] for i in range(n)]
+    lists = np.empty(n, object)
+    lists[:] = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(n)]
     add("polars Series", polars_series)
     add("pandas ArrowDtype Series", pandas_arrow)
     add("DuckDB result (runs the query each call)", duckdb_result)
@@ -592,6 +594,7 @@ def section_containers(repeat):
     add("datasets ds['tokens'] (1,000-row chunks)", hf_dataset)
     add("datasets numpy format ds['tokens']", lambda: hf_dataset("numpy"))
     add("object array of int64 arrays (a copy)", lambda: objects)
+    add("object array of lists of ints (a copy)", lambda: lists)
     print(f"  (inputs built in {time.perf_counter() - t_start:.1f} s)")
     best = _interleaved(calls, repeat)
     base = best["pyarrow ListArray"]

@@ -26,11 +26,12 @@ from ._results import ReadOnlyTreeError, TreeFormatError
 
 C = TypeVar("C", bound="TreeCache")
 
-class TreeCache:
-    """Base of the cache classes; subclasses set ``self._s`` and implement
-    ``_extra_state`` / ``_restore_state`` for what lives outside the arrays."""
 
-    _s: Any = None  # the TreeStorage
+class ReadersWriter:
+    """The lock of an index others read without the GIL: one ``RLock`` that
+    writers hold, GIL-free readers registered beside it (``_read_released``)
+    and waited for by a writer (``_drain_readers``). ``TreeCache`` and
+    ``RouterIndex`` use it."""
 
     def _init_lock(self):
         self._lock = threading.RLock()
@@ -64,6 +65,13 @@ class TreeCache:
                 self._readers -= 1
                 if not self._readers:
                     self._no_readers.notify_all()
+
+
+class TreeCache(ReadersWriter):
+    """Base of the cache classes; subclasses set ``self._s`` and implement
+    ``_extra_state`` / ``_restore_state`` for what lives outside the arrays."""
+
+    _s: Any = None  # the TreeStorage
 
     def _read(self, call):
         """``call()`` (one read-only kernel on ``self._s``'s current arrays),

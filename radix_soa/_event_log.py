@@ -9,6 +9,11 @@ interrupts the Python around it, the queue holds exactly what the tree did. ``ta
 the cache never builds any of this (``PrefixCache._events is None``: one
 branch per call).
 
+Taking is fault safe: ``take`` builds every event object before it changes
+anything and then drains the queue in one attribute store, so an interrupt or ``MemoryError`` while it decodes leaves the queue as it
+was; ``PrefixCache.take_events`` hands back to ``held`` (returned first by
+the next call) the events of a take whose return an exception cut off.
+
 The cache's calls pass ``ev`` (``EventLog.ev``, or None with events off)
 to the same kernels; the tests check that a cache with events behaves
 exactly as one without.
@@ -16,6 +21,8 @@ exactly as one without.
 
 import numpy as np
 
+from . import _storage
+from ._block_hash import block_hashes
 from ._kernels import prefix as KP
 from ._kernels.chain import REC_REMOVED, REC_STORED
 from ._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
@@ -30,15 +37,22 @@ def log_size(tokens, page, items=1):
 
 
 class EventLog:
-    """The pending events of one cache, oldest first: int64 buffers the
-    kernels append records to (each with the namespace key list its
-    numbers refer to) and event objects (``AllBlocksCleared``). The last
-    buffer is written until a call may not fit in what is left of it."""
+    """The pending events of one cache, oldest first: ``held`` (events taken
+    but never handed over, see ``PrefixCache.take_events``), then ``queue``:
+    int64 buffers the kernels append records to (each with the namespace
+    key list its numbers refer to) and event objects (``AllBlocksCleared``).
+    The last buffer is written until a call may not fit in what is left of
+    it."""
 
     MIN_BUFFER = 1 << 15
 
-    def __init__(self, page):
+    def __init__(self, page, seed=None):
         self.page = page
+        # sha256_cbor: vLLM's NONE_HASH, and the 32-byte hash of every cached
+        # page by its 64-bit chain hash (the kernels log the latter); None: fast64
+        self.seed = seed
+        self.sha = {}
+        self.held = []
         self.queue = []
         self.active = None  # the buffer in use, last in the queue
         self.scratch = np.empty(64, np.int32)
@@ -58,7 +72,7 @@ class EventLog:
             self.seeded = keys
         log = self.active
         if log is None or log[0] + size > log.shape[0] or self.queue[-1][1] is not keys:
-            log = np.empty(max(self.MIN_BUFFER, 2 * size), np.int64)
+            log = _storage.allocate(max(self.MIN_BUFFER, 2 * size), np.int64)
             log[0] = 1
             self.queue.append((log, keys))  # queued before any kernel writes to it
             self.active = log
@@ -67,28 +81,40 @@ class EventLog:
     def cleared(self):
         """A copy of this log with ``AllBlocksCleared`` queued (``reset``
         swaps it in with the fresh tree in one update)."""
-        new = EventLog(self.page)
+        new = EventLog(self.page, self.seed)
+        new.sha = self.sha  # the records queued before the clear still need it
+        new.held = self.held
         new.queue = self.queue + [AllBlocksCleared()]
         return new
 
     def take(self):
-        """Decode and remove everything queued (call under the cache's lock)."""
-        out = []
+        """Every pending event, oldest first, and the log emptied (call under
+        the cache's lock). Nothing changes until every object is built; the
+        drain is one C call, the last line."""
+        out = list(self.held)
+        sha = dict(self.sha) if self.seed is not None else None  # changed only by the drain
         for item in self.queue:
             if isinstance(item, tuple):
-                out.extend(self._decode(*item))
+                out.extend(self._decode(*item, sha))
             else:
+                if sha is not None:  # AllBlocksCleared
+                    sha.clear()
                 out.append(item)
-        last = self.queue[-1] if self.queue else None
-        if isinstance(last, tuple) and last[0] is self.active:  # reused, emptied
-            self.active[0] = 1
-            self.queue = [last]
-        else:
-            self.queue = []
-            self.active = None
-        return out
+        # the buffer in use is dropped, not emptied in place (that would be a
+        # second step): the next call that logs starts a new one
+        emptied = dict(self.__dict__, held=[], queue=[], active=None,
+                       sha=self.sha if sha is None else sha)
+        # the drain is one attribute store with the return on its line: no
+        # interrupt falls between them (the tests' come at a line, a signal's
+        # at a call or a line start)
+        self.__dict__ = emptied; return out  # noqa: E702
 
-    def _decode(self, log, keys):
+    def hold(self, events):
+        """Put back, first, the events of a take whose caller never got them
+        (under the cache's lock)."""
+        self.held = events + self.held
+
+    def _decode(self, log, keys, sha):
         page = self.page
         end = int(log[0])
         w = 1
@@ -103,12 +129,20 @@ class EventLog:
                 tokens = log[w:w + k * page].tolist()
                 w += k * page
                 key = keys[ns] if 0 <= ns < len(keys) else ns
+                if sha is not None:  # the same pages' vLLM hashes, chained from the parent's
+                    vparent = sha[parent] if has_parent else None
+                    vhashes = block_hashes(tokens, page, vparent, key, self.seed)
+                    sha.update(zip(hashes, vhashes))
+                    hashes, parent = vhashes, vparent
                 events.append(BlockStored(
                     hashes, parent, tokens, page,
                     lora_id=key if type(key) is int and key != 0 else None,
                     lora_name=key if isinstance(key, str) else None))
             elif kind == REC_REMOVED:
-                events.append(BlockRemoved(log[w + 3:w + 3 + k].view(np.uint64).tolist()))
+                hashes = log[w + 3:w + 3 + k].view(np.uint64).tolist()
+                if sha is not None:
+                    hashes = [sha.pop(h) for h in hashes]
+                events.append(BlockRemoved(hashes))
                 w += 3 + k
             else:  # pragma: no cover - a kernel wrote a record this code does not know
                 raise AssertionError(f"event log record kind {kind} at {w}")

@@ -5,7 +5,8 @@
 
 A block is a page of ``block_size`` tokens; its hash is chained: it depends
 on every token before it and on the namespace (see ``namespace_seed`` and
-``radix_soa._kernels.chain``). Hashes are ints in ``[0, 2**64)``.
+``radix_soa._kernels.chain``). Hashes are ints in ``[0, 2**64)``, or 32
+bytes with ``event_hash="sha256_cbor"`` (vLLM's, ``radix_soa._block_hash``).
 
 >>> e = BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=[1, 2, 3, 4],
 ...                 block_size=2)
@@ -95,6 +96,16 @@ def _int_list(name, value):
 
 
 def _hash_list(name, value):
+    """Hashes: ints in [0, 2**64) (the default page hash, or vLLM's int form)
+    or non-empty bytes (``sha256_cbor``'s 32), one kind per list."""
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (bytes, bytearray)):
+        out = []
+        for h in value:
+            if not isinstance(h, (bytes, bytearray)) or not h:
+                raise EventError(f"{name} must hold all ints or all non-empty bytes; got "
+                                 f"{type(h).__name__} {h!r}")
+            out.append(bytes(h))
+        return out
     out = _int_list(name, value)
     for h in out:
         if not 0 <= h <= MAX_HASH:
@@ -129,6 +140,8 @@ def event_from_dict(d):
     parent = d["parent_block_hash"]
     if parent is not None:
         parent = _hash_list("parent_block_hash", [parent])[0]
+        if isinstance(parent, bytes) != isinstance(hashes[0] if hashes else parent, bytes):
+            raise EventError("parent_block_hash and block_hashes must be both ints or both bytes")
     size = d["block_size"]
     if type(size) is not int or size < 1:
         raise EventError(f"block_size must be a positive int; got {size!r}")

@@ -11,6 +11,7 @@ encoding); kept apart so each module has one job.
 
 import contextlib
 import secrets
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -27,7 +28,11 @@ from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, Evict
                        Finished, InvariantError, Match)
 from ._sequence import as_tokens
 from ._storage import roots_and_depths, span_positions
+from ._typing import Namespace, TokenSequence
 from ._validate import check_int
+
+if TYPE_CHECKING:
+    from ._event_log import EventLog
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
 _new = tuple.__new__  # a named tuple without its Python-level constructor
@@ -66,42 +71,42 @@ class Request:
         self._inputs = [None, None]
 
     @property
-    def open(self):
+    def open(self) -> bool:
         """True between ``begin`` and ``finish``/``abort`` (and no ``reset``)."""
         return int(self._st[R_PHASE]) == OPEN and self.owner._epoch is self.epoch
 
     @property
-    def node(self):
+    def node(self) -> int:
         """Handle of the node the request's cached prefix ends at."""
         return self.owner._handle(self._st[R_NODE], self._st[R_GEN])
 
     @property
-    def cached(self):
+    def cached(self) -> int:
         """Leading tokens cached for the request (grows with ``checkpoint``)."""
         return int(self._st[R_CACHED])
 
     @property
-    def values(self):
+    def values(self) -> Optional[np.ndarray]:
         """The values of the prefix ``begin`` found cached (None without values)."""
         return self._out[:int(self._st[R_BEGUN])] if self.owner.has_values else None
 
     @property
-    def reserved(self):
+    def reserved(self) -> int:
         """Tokens the request holds in flight (``count_inflight``)."""
         return int(self._st[R_RESERVED])
 
     @property
-    def evicted(self):
+    def evicted(self) -> EvictResult:
         """``EvictResult`` of what ``begin`` evicted to make the reservation's room."""
         return self.owner._evicted(int(self._st[R_FREED]), self._evict_out)
 
     @property
-    def steps(self):
+    def steps(self) -> int:
         """Transitions committed so far (0 until ``begin`` succeeds)."""
         return int(self._st[R_STEPS])
 
     @property
-    def result(self):
+    def result(self) -> Union[np.ndarray, Finished, None]:
         """What the last committed ``checkpoint`` (the array of slots to
         free) or ``finish`` (``Finished``) returned; None before either."""
         st = self._st.tolist()
@@ -146,8 +151,49 @@ class Request:
 class ServingMixin:
     """The serving-loop methods of ``PrefixCache`` (see the module docstring)."""
 
+    # What the methods below use of ``PrefixCache`` and ``TreeCache``,
+    # declared for type checkers only: a bare annotation makes no class
+    # attribute, and the stubs exist only under TYPE_CHECKING, so at run time
+    # every lookup finds what it found before.
+    _s: Any  # the TreeStorage
+    _lock: Any  # a threading.RLock
+    _readers: int
+    _page: int
+    _cap: int
+    _capacity: Optional[int]
+    _count_inflight: bool
+    _requests: Dict[int, Request]
+    _roots: Dict[Union[int, str], int]
+    _epoch: object
+    _events: Optional["EventLog"]
+    _salt: int
+
+    if TYPE_CHECKING:
+        @property
+        def total_tokens(self) -> int: ...
+        @property
+        def locked_tokens(self) -> int: ...
+
+        def _drain_readers(self) -> None: ...
+        def _writable(self) -> None: ...
+        def _root(self, namespace: Namespace, create: bool = True) -> Tuple[int, int]: ...
+        def _roots_in_sync(self) -> None: ...
+        def _handle(self, v: Any, gen: Any) -> int: ...
+        def _handle_of(self, v: Any) -> int: ...
+        def _split_handle(self, node: Any) -> Tuple[int, int]: ...
+        def _evicted(self, freed: int, out: np.ndarray) -> EvictResult: ...
+        def _kernel_cap(self, own: int = 0) -> int: ...
+        def _tokens_and_values(self, tokens: TokenSequence, values: Any
+                               ) -> Tuple[np.ndarray, int, np.ndarray]: ...
+        def _check_priority(self, priority: int) -> None: ...
+        def _full(self, n: int) -> CacheFullError: ...
+        @staticmethod
+        def _new_storage(dtype: Any, values: bool, page_size: int, policy: int) -> Any: ...
+        def lock(self, node: int) -> int: ...
+        def unlock(self, node: int) -> int: ...
+
     # ------------------------------------------------------------ read-only
-    def peek(self, tokens, namespace=None):
+    def peek(self, tokens: TokenSequence, namespace: Namespace = None) -> Match:
         """``match`` without side effects: no split, no recency refresh, no
         statistics; an unknown namespace matches nothing and creates nothing.
         ``node`` is the node the match ends in (locking it protects at least
@@ -162,14 +208,14 @@ class ServingMixin:
         s = self._s
         with self._lock:
             root, _ = self._root(namespace, create=False)
-            out = np.empty(q.shape[0], np.int64) if s.has_values else None
+            out: Any = np.empty(q.shape[0], np.int64) if s.has_values else None
             if root < 0:
                 return Match(0, self._handle_of(s.root), NO_VALUES_MATCHED if s.has_values else None)
             length, v, gen = KP.pc_peek(s.D, s.like, root, q, self._page,
                                        out if s.has_values else s.like.astype(np.int64))
         return Match(int(length), self._handle(v, gen), out[:length] if s.has_values else None)
 
-    def touch(self, node):
+    def touch(self, node: int) -> None:
         """Refresh the recency of the path root..``node`` (as a ``match``
         ending there would, without the statistics)."""
         self._writable()
@@ -182,7 +228,7 @@ class ServingMixin:
             raise ValueError(f"node handle {node} does not refer to a live node of this cache")
 
     @contextlib.contextmanager
-    def locked(self, node):
+    def locked(self, node: int) -> Iterator[int]:
         """``lock(node)`` for the ``with`` block, ``unlock`` after it (also
         on an exception).
 
@@ -203,7 +249,8 @@ class ServingMixin:
     # ------------------------------------------------------------ lifecycle
     # Each transition is one kernel call (``_kernels/lifecycle``) that changes
     # the tree, the in-flight count and the request's state together.
-    def begin(self, tokens, namespace=None, reserve=None, priority=0):
+    def begin(self, tokens: TokenSequence, namespace: Namespace = None,
+              reserve: Optional[int] = None, priority: int = 0) -> Request:
         """A request arrives: match ``tokens`` and lock the cached prefix.
 
         With ``count_inflight=True`` the request also reserves ``reserve``
@@ -302,7 +349,8 @@ class ServingMixin:
                     int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
         return np.empty(max(bound, 0), np.int64)
 
-    def checkpoint(self, request, tokens, values):
+    def checkpoint(self, request: Request, tokens: TokenSequence,
+                   values: Optional[TokenSequence]) -> Optional[np.ndarray]:
         """Chunked prefill: cache what ``request`` has computed so far
         (``tokens`` with their ``values``) and move its lock to the new
         node. Returns the slots the caller must free now: values of tokens
@@ -310,7 +358,8 @@ class ServingMixin:
         evicted. The partial last page stays the request's."""
         return self._transition(KL.req_checkpoint, request, tokens, values)
 
-    def finish(self, request, tokens, values):
+    def finish(self, request: Request, tokens: TokenSequence,
+               values: Optional[TokenSequence]) -> Finished:
         """A request is done: cache ``tokens`` (prompt + output, whole pages)
         with their ``values`` (one per token, or for the whole pages only),
         release its lock and its in-flight reservation. Returns
@@ -320,7 +369,7 @@ class ServingMixin:
         not: ``request.steps`` tells, and ``request.result`` is its result."""
         return self._transition(KL.req_finish, request, tokens, values)
 
-    def abort(self, request):
+    def abort(self, request: Request) -> None:
         """Release ``request``'s lock and reservation without caching it."""
         with self._lock:
             if self._readers:
@@ -411,11 +460,11 @@ class ServingMixin:
         return check_int("reserve", reserve, minimum=0)
 
     @property
-    def inflight_tokens(self):
+    def inflight_tokens(self) -> int:
         """Tokens reserved by open requests (``count_inflight=True``)."""
         return int(self._s.meta[M_INFLIGHT])
 
-    def open_requests(self):
+    def open_requests(self) -> List[Request]:
         """The requests begun and not yet finished or aborted, oldest first
         (to find one whose ``begin`` was interrupted, or audit a slot pool).
 
@@ -430,7 +479,7 @@ class ServingMixin:
             return list(live.values())
 
     # ------------------------------------------------------------ whole-cache
-    def reset(self):
+    def reset(self) -> None:
         """Empty the cache: every token, namespace and statistic goes;
         capacity and page size stay; every handle and open request becomes
         invalid."""
@@ -452,7 +501,7 @@ class ServingMixin:
                 state["_events"] = self._events.cleared()
             self.__dict__.update(state)
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         """Zero the counters ``stats`` reports."""
         self._writable()
         with self._lock:
@@ -461,7 +510,7 @@ class ServingMixin:
             for slot in STAT_SLOTS.values():
                 self._s.meta[slot] = 0
 
-    def drop_namespace(self, namespace):
+    def drop_namespace(self, namespace: Namespace) -> EvictResult:
         """Remove every token cached under ``namespace`` (and the namespace):
         ``EvictResult`` with the removed tokens' values (free those slots).
         ``ValueError`` (nothing changed) while any of its paths is locked;
@@ -515,7 +564,7 @@ class ServingMixin:
         if self.inflight_tokens != sum(r.reserved for r in open_now):
             raise InvariantError("in-flight tokens == the open requests' reservations")
 
-    def cached_values(self):
+    def cached_values(self) -> np.ndarray:
         """Every value the cache holds (one per cached token, all
         namespaces), in node order: to audit a slot pool for leaks."""
         with self._lock:
@@ -526,7 +575,7 @@ class ServingMixin:
             live = np.flatnonzero(s.length[:end] > 0)
             return s.values[span_positions(s.start[live], s.length[live])]
 
-    def to_text(self, tokens_shown=6, max_lines=200):
+    def to_text(self, tokens_shown: int = 6, max_lines: int = 200) -> str:
         """The tree as text, one node per line indented by depth: its first
         tokens, span length, lock count and (leaves) eviction key (``stamp``:
         the last access tick under lru; see ``layout`` for the others).
@@ -545,7 +594,7 @@ class ServingMixin:
             end = s.node_end
             parent = s.parent[:end]
             live = np.flatnonzero(s.length[:end] > 0)
-            kids = {}
+            kids: Dict[int, List[int]] = {}
             for v in live.tolist():
                 kids.setdefault(int(parent[v]), []).append(v)
             first = {v: int(s.tokens[s.start[v]]) for v in live.tolist()}
@@ -555,7 +604,7 @@ class ServingMixin:
                 sub = self._subtree_deepest_first(root, every)
                 lines.append(f"namespace {key!r} ({sub.size} nodes, "
                              f"{int(s.length[sub].astype(np.int64).sum())} tokens)")
-                stack = [(c, 1) for c in sorted(kids.get(root, []), key=first.get, reverse=True)]
+                stack = [(c, 1) for c in sorted(kids.get(root, []), key=first.__getitem__, reverse=True)]
                 while stack and len(lines) < max_lines:
                     v, depth = stack.pop()
                     L = int(s.length[v])
@@ -569,11 +618,11 @@ class ServingMixin:
                         line += f" stamp={int(s.stamp[v])}"
                     lines.append(line)
                     stack.extend((c, depth + 1)
-                                 for c in sorted(kids.get(v, []), key=first.get, reverse=True))
+                                 for c in sorted(kids.get(v, []), key=first.__getitem__, reverse=True))
             if len(lines) >= max_lines:
                 lines.append("...")
         return "\n".join(lines)
 
-    def pretty_print(self, **kwargs):
+    def pretty_print(self, **kwargs: int) -> None:
         """Print ``to_text()``."""
         print(self.to_text(**kwargs))

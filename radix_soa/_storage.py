@@ -18,6 +18,8 @@ it is compacted instead.
 (0, 'int64')
 """
 
+from typing import Any
+
 import numpy as np
 
 from ._kernels import directory as KDir
@@ -128,6 +130,32 @@ class TreeStorage:
     bookkeeping (locks, access stamps, LRU heap, handle generations).
     The first root (namespace 0) is node 0.
     """
+
+    # The views ``_publish`` sets, declared for type checkers (bare
+    # annotations make no class attributes: every view stays an instance one).
+    tokens: np.ndarray
+    values: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    parent: np.ndarray
+    nchild: np.ndarray
+    cxor: np.ndarray
+    term: np.ndarray
+    table: np.ndarray
+    lock: np.ndarray
+    stamp: np.ndarray
+    hpos: np.ndarray
+    heap: np.ndarray
+    gen: np.ndarray
+    own: np.ndarray
+    meta: np.ndarray
+    generation: int
+    tree: Tree
+    T: tuple
+    R: tuple
+    M: tuple
+    D: Any  # the directory array, or ``T`` without it
+    like: np.ndarray
 
     def __init__(self, dtype=np.int64, *, values=False, track=False, page_size=1,
                  node_capacity=MIN_NODES, token_capacity=MIN_TOKENS):

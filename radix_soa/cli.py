@@ -46,7 +46,7 @@ from ._warmup import warmup_cluster, warmup_replay
 from .radix_cache import RadixCache
 from .studies import report, traces, workloads
 from .studies.cluster import MAX_WORKERS, ROUTERS, sweep_cluster
-from .studies.replay import check_warmup
+from .studies.replay import RENAMED, check_warmup
 from .studies.sources import Source
 from .studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD, capacity_study,
                             default_capacities, generated_trace)
@@ -563,6 +563,16 @@ def _plot(path, args, st, trace, desc):
     return fig
 
 
+def _json_summary(result):
+    """``result.summary()`` as ``--json`` writes it: the current keys, then
+    each old name of ``RENAMED`` (``total_tokens``, ...: they counted ids)
+    with its new key's value, so scripts reading 0.1's output keep working
+    until 0.3 (the Python API keeps the same names as deprecated aliases)."""
+    out = dict(result.summary())
+    out.update((old, out[new]) for old, new in RENAMED.items())
+    return out
+
+
 def _jsonable(x):
     if isinstance(x, np.integer):
         return int(x)
@@ -633,8 +643,11 @@ def _study(args):
             "capacities": [r.capacity for r in result.results],
             "capacities_in_unit": [report.ids_to_capacity(r.capacity, unit, bs, kvb)
                                    for r in result.results],
-            "unbounded": unbounded.summary(),
-            "sweep": [r.summary() for r in result.results],
+            "unbounded": _json_summary(unbounded),
+            "sweep": [_json_summary(r) for r in result.results],
+            # old keys (counts of ids named *_tokens) still written beside
+            # their new names in "unbounded" and "sweep", until 0.3
+            "deprecated_keys": dict(RENAMED),
             "summary": {"line": summary, "share_of_unbounded": 0.9,
                         "smallest_capacity": None if best is None else best.capacity},
             "index_memory": mem,
@@ -866,7 +879,10 @@ def build_parser():
                      help="save a hit-rate-vs-capacity plot (needs matplotlib)")
     fmt = out.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true",
-                     help="print one JSON document and nothing else on stdout")
+                     help="print one JSON document and nothing else on stdout; until 0.3 "
+                          "its replay results also carry the deprecated old names of the id "
+                          "counts (total_tokens, hit_tokens, ... beside total_ids, hit_ids, "
+                          "...; \"deprecated_keys\" maps old to new)"),
     fmt.add_argument("--csv", action="store_true",
                      help="print the sweep as CSV (one row per capacity) and nothing else")
     out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from . import _event_log
+from ._block_hash import check_event_hash, none_hash
 from ._base import TreeCache
 from ._serving import ServingMixin
 from ._invariants import check_tree
@@ -76,7 +77,11 @@ class PrefixCache(ServingMixin, TreeCache):
     value per token (False for studies that only count). ``dtype``: the
     token buffer's type (``np.int32`` halves it). ``events``: queue a KV
     event for every run of whole pages cached or removed (``take_events``);
-    off by default, and then free.
+    off by default, and then free. ``event_hash``: the events' page hash,
+    ``"fast64"`` (the default: 64-bit, chained in the kernels) or vLLM's
+    ``"sha256_cbor"`` (32 bytes, byte-identical to vLLM's block hashes,
+    ``event_hash_seed`` the engines' ``PYTHONHASHSEED``; see
+    ``radix_soa._block_hash`` for how namespaces map to vLLM's extra keys).
 
     Node handles (``Match.node``, ``InsertResult.node``) are ints that stay
     valid while the node lives; a handle to an evicted node is rejected.
@@ -93,7 +98,9 @@ class PrefixCache(ServingMixin, TreeCache):
 
     def __init__(self, capacity: Optional[int] = None, page_size: int = 1, *,
                  values: bool = True, dtype: DTypeLike = np.int64, count_inflight: bool = False,
-                 eviction_policy: str = "lru", events: bool = False) -> None:
+                 eviction_policy: str = "lru", events: bool = False,
+                 event_hash: str = "fast64", event_hash_seed: Union[str, bytes, None] = None
+                 ) -> None:
         page_size = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         if capacity is not None:
             capacity = check_int("capacity", capacity, minimum=0)
@@ -113,8 +120,14 @@ class PrefixCache(ServingMixin, TreeCache):
         self._ns_keys = [0]       # namespace number -> key, in order of first use
         self._ns_number = {0: 0}  # key -> namespace number
         self._roots = {0: self._s.root}  # key -> root id: what the arrays say, cached
+        check_event_hash(event_hash)
+        seed = None
+        if event_hash == "sha256_cbor":
+            if not events:
+                raise ValueError("event_hash='sha256_cbor' needs events=True")
+            seed = none_hash(event_hash_seed)
         if events:
-            self._events = _event_log.EventLog(page_size)
+            self._events = _event_log.EventLog(page_size, seed)
 
     @staticmethod
     def _new_storage(dtype, values, page_size, policy):
@@ -206,7 +219,9 @@ class PrefixCache(ServingMixin, TreeCache):
         in the same namespace hash alike on every cache; ``RouterIndex``
         rebuilds what each cache holds from them. A match (even one that
         splits a node) changes no pages and queues nothing. A loaded,
-        unpickled or copied cache starts with events off.
+        unpickled or copied cache starts with events off. An exception
+        during the call (``KeyboardInterrupt``, ``MemoryError``) loses no
+        event: the next call returns them (``tests/test_faults.py``).
 
         >>> pc = PrefixCache(capacity=4, page_size=2, events=True)
         >>> _ = pc.insert([1, 2, 3, 4], values=[0, 0, 0, 0])
@@ -218,10 +233,23 @@ class PrefixCache(ServingMixin, TreeCache):
         """
         if self._events is None:
             raise ValueError("this cache queues no events; make it with events=True")
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
-            return self._events.take()
+        out = None
+        try:
+            with self._lock:
+                if self._readers:
+                    self._drain_readers()
+                out = self._events.take()
+            return out
+        except BaseException:
+            # an exception (KeyboardInterrupt, MemoryError) after the take
+            # emptied the queue but before the events reached the caller:
+            # they go back, first, for the next call
+            if out is not None:
+                with self._lock:
+                    if self._readers:
+                        self._drain_readers()
+                    self._events.hold(out)
+            raise
 
     # ------------------------------------------------------------ handles
     def _root(self, namespace, create=True):

@@ -14,6 +14,8 @@ import operator
 
 import numpy as np
 
+from ._base import ReadersWriter
+from ._block_hash import block_hashes, check_event_hash, key64, none_hash
 from ._kernels import router as KR
 from ._kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                          event_from_dict, namespace_seed)
@@ -32,7 +34,7 @@ _MESSAGES = {
 }
 
 
-class RouterIndex:
+class RouterIndex(ReadersWriter):
     """Every worker's cached pages in one struct-of-arrays index, from their
     KV events.
 
@@ -59,12 +61,32 @@ class RouterIndex:
     call applied before it are undone). Hashes are trusted as page
     identities: two different pages with one 64-bit hash would be one node.
 
-    Not safe to mutate from several threads at once; reads (``overlap``)
-    may run beside each other.
+    ``event_hash`` is the hash the workers' events use (``PrefixCache``'s
+    ``event_hash``): ``"fast64"`` (the default) or vLLM's ``"sha256_cbor"``
+    with the engines' ``event_hash_seed`` (``PYTHONHASHSEED``). With
+    ``sha256_cbor`` a block hash is 32 bytes (or vLLM's int form of it, its
+    low 64 bits) and the index keys each block by those low 64 bits
+    (``_block_hash.key64``): the same collision rule as ``fast64``, two
+    blocks whose 32-byte hashes share the low 64 bits would be one node
+    (about ``n**2 / 2**65`` for ``n`` blocks). ``overlap`` then hashes the
+    query in Python, pages times a SHA-256 and a CBOR encoding (tens of
+    microseconds for a 1,100-token request of 16-token pages), where
+    ``fast64`` hashes in the kernel. A ``fast64`` index refuses bytes hashes.
+
+    Safe to share between threads: ``apply`` and ``remove_worker`` hold the
+    index's lock from their first check to their last change (and wait for
+    running ``overlap_batch`` calls), ``overlap`` and the other reads hold
+    it while they read, and ``overlap_batch`` reads as a registered reader
+    beside other readers, its kernel without the GIL. So any mix of calls
+    from any threads answers as some serial order of them would: a read
+    sees every ``apply`` entirely or not at all.
     """
 
-    def __init__(self, page_size=16):
+    def __init__(self, page_size=16, *, event_hash="fast64", event_hash_seed=None):
         self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
+        self._event_hash = check_event_hash(event_hash)
+        self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
+        self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
         self._out = slice(0, 0)  # the live columns of a result row (a slice when no holes)
@@ -73,6 +95,7 @@ class RouterIndex:
         self._alloc(64, 128)
         self._seed_none = np.uint64(namespace_seed(None))
         self._seeds = {None: self._seed_none}
+        self._init_lock()
 
     # ------------------------------------------------------------ storage
     def _alloc(self, nodes, slots, old=None):
@@ -153,27 +176,34 @@ class RouterIndex:
             if isinstance(e, BlockStored) and e.block_size != self._page:
                 raise EventError(f"event {i}: block_size {e.block_size} but this index has "
                                  f"page_size {self._page}")
+            if (self._none_hash is None and not isinstance(e, AllBlocksCleared) and e.block_hashes
+                    and isinstance(e.block_hashes[0], bytes)):
+                raise EventError(f"event {i}: bytes block hashes, but this index has "
+                                 "event_hash='fast64' (make it with event_hash='sha256_cbor')")
             parsed.append(e)
         if not parsed:
             return
-        new = worker not in self._cols
-        col = self._column(worker, True)
-        undo = []
-        try:
-            for i, e in enumerate(parsed):
-                self._apply_one(i, col, worker, e, undo)
-        except BaseException:
-            for step in reversed(undo):
-                step()
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            new = worker not in self._cols
+            col = self._column(worker, True)
+            undo = []
+            try:
+                for i, e in enumerate(parsed):
+                    self._apply_one(i, col, worker, e, undo)
+            except BaseException:
+                for step in reversed(undo):
+                    step()
+                if new:
+                    self._col_ids[col] = None
+                raise
             if new:
-                self._col_ids[col] = None
-            raise
-        if new:
-            self._cols[worker] = col
-            self._col_ids[col] = worker
-            w, bit = self._bit(col)
-            self._live[w] |= bit
-            self._columns_changed()
+                self._cols[worker] = col
+                self._col_ids[col] = worker
+                w, bit = self._bit(col)
+                self._live[w] |= bit
+                self._columns_changed()
 
     def _apply_one(self, i, col, worker, e, undo):
         w, bit = self._bit(col)
@@ -181,7 +211,7 @@ class RouterIndex:
         if isinstance(e, AllBlocksCleared):
             self._clear(w, bit, undo)
             return
-        hashes = np.array(e.block_hashes, np.uint64)
+        hashes = np.array([key64(h) for h in e.block_hashes], np.uint64)
         if isinstance(e, BlockRemoved):
             bad = KR.rx_check_remove(self._table, k, m, w, bit, hashes)
             if bad >= 0:
@@ -193,7 +223,7 @@ class RouterIndex:
             undo.append(lambda: self._add(w, bit, hashes, parents, hasp))
             return
         has_parent = e.parent_block_hash is not None
-        parent = np.uint64(e.parent_block_hash if has_parent else 0)
+        parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
         status, at = KR.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
                                        has_parent)
         if status != KR.OK:
@@ -233,15 +263,18 @@ class RouterIndex:
 
     def remove_worker(self, worker):
         """Forget ``worker`` and every page it holds (``KeyError`` if unknown)."""
-        col = self._cols.get(worker)
-        if col is None:
-            raise KeyError(f"worker {worker!r} is not in the index")
-        w, bit = self._bit(col)
-        self._clear(w, bit)
-        del self._cols[worker]
-        self._col_ids[col] = None
-        self._live[w] &= ~bit
-        self._columns_changed()
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            col = self._cols.get(worker)
+            if col is None:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            w, bit = self._bit(col)
+            self._clear(w, bit)
+            del self._cols[worker]
+            self._col_ids[col] = None
+            self._live[w] &= ~bit
+            self._columns_changed()
 
     def _columns_changed(self):
         keep = [c for c, w in enumerate(self._col_ids) if w is not None]
@@ -254,16 +287,33 @@ class RouterIndex:
         return self._page
 
     @property
+    def event_hash(self):
+        """The page hash of the events this index takes (``"fast64"`` or
+        ``"sha256_cbor"``)."""
+        return self._event_hash
+
+    def _page_keys(self, q, namespace):
+        """``sha256_cbor``: the 64-bit keys of the whole pages of ``q``."""
+        if namespace is None:
+            namespace = 0
+        if not (isinstance(namespace, str) or type(namespace) is int):
+            namespace = operator.index(namespace)  # the _seed check named the type already
+        hs = block_hashes(q.tolist(), self._page, None, namespace, self._none_hash)
+        return np.array([key64(h) for h in hs], np.uint64)
+
+    @property
     def workers(self):
         """The worker ids, in the order of ``overlap``'s columns."""
-        return [w for w in self._col_ids if w is not None]
+        with self._lock:
+            return [w for w in self._col_ids if w is not None]
 
     def __len__(self):
         """Distinct pages some worker holds."""
         return int(self._meta[KR.X_LIVE])
 
     def __contains__(self, worker):
-        return worker in self._cols
+        with self._lock:
+            return worker in self._cols
 
     def _seed(self, namespace):
         try:
@@ -287,37 +337,56 @@ class RouterIndex:
         whose whole pages it caches under ``namespace``: an int64 array."""
         q = as_tokens(tokens)
         seed = self._seed_none if namespace is None else self._seed(namespace)
-        res = np.empty(65 * self._words, np.int64)
-        KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live, res)
-        return res[self._out]
+        hkeys = self._no_keys if self._none_hash is None else self._page_keys(q, namespace)
+        with self._lock:  # the kernel holds the GIL: the lock keeps out a half-done apply
+            res = np.empty(65 * self._words, np.int64)
+            KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
+                          res, hkeys)
+            return res[self._out]
 
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
         takes): an int64 array of requests x workers."""
         seed = self._seed(namespace)
-        words = self._words
+        batches = list(as_batches(batch))
+        if self._none_hash is not None:  # hashed here, row by row, then read at one instant
+            rows = [b.flat[b.offsets[i]:b.offsets[i + 1]] for b in batches
+                    for i in range(len(b))]
+            keys = [self._page_keys(q, namespace) for q in rows]
+            with self._lock:
+                res = np.empty((len(rows), 65 * self._words), np.int64)
+                for i, q in enumerate(rows):
+                    KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed,
+                                  self._live, res[i], keys[i])
+                return res[:, self._out]
 
-        def run(b, _res):
-            res = np.empty((len(b), 65 * words), np.int64)
-            KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
-                                self._page, seed, self._live, res)
-            return res[:, self._out]
+        def run():  # registered: no writer changes the arrays until it returns
+            words, out = self._words, self._out
+            parts = []
+            for b in batches:
+                res = np.empty((len(b), 65 * words), np.int64)
+                KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
+                                    self._page, seed, self._live, res, self._no_keys)
+                parts.append(res[:, out])
+            if not parts:
+                return np.zeros((0, len(self._cols)), np.int64)
+            return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-        parts = [run(b, None) for b in as_batches(batch)]
-        if not parts:
-            return np.zeros((0, len(self.workers)), np.int64)
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return self._read_released(run)
 
     def blocks_of(self, worker):
         """The page hashes ``worker`` holds, sorted (for audits and tests)."""
-        col = self._cols.get(worker)
-        if col is None:
-            raise KeyError(f"worker {worker!r} is not in the index")
-        w, bit = self._bit(col)
-        end = int(self._meta[KR.X_END])
-        held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
-        return sorted(self._keys[:end][held].tolist())
+        with self._lock:
+            col = self._cols.get(worker)
+            if col is None:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            w, bit = self._bit(col)
+            end = int(self._meta[KR.X_END])
+            held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
+            return sorted(self._keys[:end][held].tolist())
 
     def __repr__(self):
-        return f"RouterIndex(page_size={self._page}, workers={len(self._cols)}, pages={len(self)})"
+        h = "" if self._none_hash is None else ", event_hash='sha256_cbor'"
+        return (f"RouterIndex(page_size={self._page}{h}, workers={len(self._cols)}, "
+                f"pages={len(self)})")
 

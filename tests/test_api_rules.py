@@ -172,3 +172,34 @@ def test_header_state_is_checked_against_the_arrays(tmp_path, field, value):
     write_header(tmp_path / "t", header)
     with pytest.raises(rs.TreeFormatError):
         PrefixCache.load(tmp_path / "t")
+
+
+def test_the_storage_declares_each_array_it_publishes():
+    """``TreeStorage``'s class annotations (what mypy sees of the views
+    ``_publish`` sets) name every array of the tree, and only attributes a
+    storage really has."""
+    from radix_soa._kernels.layout import TREE_FIELDS
+    from radix_soa._storage import TreeStorage
+
+    declared = set(TreeStorage.__annotations__)
+    assert set(TREE_FIELDS) <= declared
+    s = TreeStorage(track=True)
+    assert declared <= set(vars(s))
+    assert not declared & set(vars(TreeStorage))  # annotations only: no class attributes
+
+
+def test_the_serving_mixin_declares_without_defining():
+    """``ServingMixin`` declares what it uses of ``PrefixCache`` for type
+    checkers only: none of it is a class attribute that could shadow
+    ``TreeCache``'s (later in the method resolution order)."""
+    from radix_soa import PrefixCache
+    from radix_soa._base import TreeCache
+    from radix_soa._serving import ServingMixin
+
+    declared = set(ServingMixin.__annotations__)
+    assert {"_s", "_lock", "_events"} <= declared
+    assert not declared & set(vars(ServingMixin))
+    for name in ("_writable", "_drain_readers", "lock", "_root", "total_tokens"):
+        assert name not in vars(ServingMixin)
+    assert PrefixCache._writable is TreeCache._writable
+    assert PrefixCache._drain_readers is TreeCache._drain_readers

@@ -156,6 +156,30 @@ def test_batch_calls_equal_single_calls(first, queries, dtype):
         assert many.match_prefix_batch(qs, parallel=par).tolist() == expect_match
 
 
+long_batches = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min_size=17,
+                        max_size=120)
+
+
+@given(long_batches, st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), max_size=20),
+       st.integers(0, 3))
+def test_grouped_batch_insert_equals_single_inserts_node_for_node(seqs, before, drop):
+    """insert_batch descends GROUP sequences before inserting any of them:
+    over a 3-token alphabet most sequences of a group split or extend what
+    an earlier one of the group just made, and the result (flags, node ids,
+    free-list reuse after removes) must be that of one insert at a time."""
+    one, many = RadixCache(), RadixCache()
+    for rc in (one, many):
+        for s in before:
+            rc.insert(s)
+        for s in before[:drop]:
+            rc.remove(s)
+    new_single = [one.insert(s) for s in seqs]
+    assert many.insert_batch(seqs).tolist() == new_single
+    many.check_invariants()
+    assert snapshot(many) == snapshot(one)
+    assert many.ids(seqs).tolist() == one.ids(seqs).tolist()
+
+
 @given(batches)
 def test_batch_results_match_the_naive_model(seqs):
     rc, model = RadixCache(), NaiveSequenceSet()

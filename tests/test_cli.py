@@ -141,8 +141,47 @@ def test_json_hit_rates_equal_a_direct_sweep(capsys):
     assert isinstance(mem["used_bytes"], int) and isinstance(mem["compression_ratio"], float)
     assert mem["tokens_stored"] == unbounded.peak_ids  # no eviction: the same tree
     # block counts are named as ids, real tokens as tokens
-    assert doc["unbounded"]["hit_ids"] == unbounded.hit_ids and "hit_tokens" not in doc["unbounded"]
+    assert doc["unbounded"]["hit_ids"] == unbounded.hit_ids
     assert doc["unbounded"]["prefill_tokens_hit"] == unbounded.prefill_tokens_hit
+
+
+# what radix-soa 0.1's ``study --json`` wrote for each replay (its
+# "unbounded" and every "sweep" row); the *_tokens counts were ids
+V01_REPLAY_KEYS = [
+    "requests", "capacity", "host_capacity", "page_size", "schedule", "window", "block_size",
+    "total_tokens", "hit_tokens", "host_hit_tokens", "request_hit_rate", "prefill_tokens",
+    "prefill_tokens_saved", "rejected", "evicted_tokens", "host_evicted_tokens", "peak_tokens",
+    "final_tokens", "peak_index_bytes", "final_index_bytes", "seconds", "hit_rate",
+    "host_hit_rate", "combined_hit_rate", "prefill_saved_fraction"]
+OLD_TO_NEW = {"total_tokens": "total_ids", "hit_tokens": "hit_ids",
+              "host_hit_tokens": "host_hit_ids", "evicted_tokens": "evicted_ids",
+              "host_evicted_tokens": "host_evicted_ids", "peak_tokens": "peak_ids",
+              "final_tokens": "final_ids"}
+
+
+def test_json_keeps_the_old_names_of_the_id_counts(capsys, tmp_path):
+    """Deprecated until 0.3: every key 0.1 wrote is still there, the old
+    ``*_tokens`` names holding the id counts (blocks on a Mooncake trace)."""
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    doc = run_json(capsys, "--trace", str(path), "--capacities", "4,6", "--host-capacity", "3")
+    assert doc["deprecated_keys"] == OLD_TO_NEW
+    for r in [doc["unbounded"], *doc["sweep"]]:
+        assert set(V01_REPLAY_KEYS) <= set(r)
+        for old, new in OLD_TO_NEW.items():
+            assert r[old] == r[new]
+    # blocks, not tokens: request 2 hits 3 blocks, request 3 one, request 4 four
+    assert doc["unbounded"]["hit_tokens"] == 8 and doc["unbounded"]["total_tokens"] == 14
+    small = doc["sweep"][0]  # capacity 4: evicts, and the host tier takes what it evicts
+    assert small["evicted_tokens"] > 0 and small["host_evicted_tokens"] == \
+        small["host_evicted_ids"]
+    assert small["peak_tokens"] == small["peak_ids"] <= 4
+    # the new keys come first, in the order the Python API's summary() has them
+    keys = list(doc["unbounded"])
+    assert keys[-len(OLD_TO_NEW):] == list(OLD_TO_NEW)
+    assert keys[:-len(OLD_TO_NEW)] == list(radix_soa.replay([[1]]).summary())
+    # the CSV never had the old names (it came with the new ones): nothing added there
+    code, out, err = run(capsys, "study", "--trace", str(path), "--capacities", "2", "--csv")
+    assert code == 0 and "hit_tokens" not in out.splitlines()[0]
 
 
 def test_json_with_explicit_capacities_and_replay_options(capsys):

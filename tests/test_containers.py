@@ -266,6 +266,63 @@ def test_object_arrays_with_bad_elements_name_the_sequence(rc, either_path):
         rs.pack(np.array([1, 2, 3]))
 
 
+def test_object_arrays_of_int64_arrays(rc, either_path):
+    """Views into one buffer, strided views and empty arrays, as
+    ``datasets``' numpy format and pyarrow's ``to_numpy`` hand them over."""
+    base = np.arange(40, dtype=np.int64)
+    views = [base[0:3], base[3:4], base[10:20:3], base[4:4], base[5:9]]
+    packed = rs.pack(object_array(views))
+    assert packed == rs.pack([v.tolist() for v in views])
+    assert packed.flat.dtype == np.int64 and not np.shares_memory(packed.flat, base)
+    arr = object_array([np.array(s, np.int64) for s in SEQS])
+    assert answers(rc, arr) == expected(rc)
+
+
+@pytest.mark.parametrize("last, error, match", [
+    (np.array([2.5]), TypeError, "sequence 3: .*dtype float64"),
+    (np.array([True]), TypeError, "sequence 3: .*dtype bool"),
+    (np.ones((2, 2), np.int64), ValueError, "sequence 3: a sequence must be 1-D"),
+    (np.array(7, np.int64), ValueError, "sequence 3: a sequence must be 1-D"),
+    ([1, 2.0], TypeError, "sequence 3: tokens must be integers"),
+    (np.array([2**63], np.uint64), OverflowError, "does not fit in a signed 64-bit"),
+])
+def test_one_bad_element_among_int64_arrays_is_named(rc, either_path, last, error, match):
+    """The int64-array fast path checks every element: a last element of
+    another kind is refused as the per-sequence path refuses it, and the
+    tree is unchanged."""
+    arr = object_array([np.array([1, 2], np.int64)] * 3 + [last])
+    with pytest.raises(error, match=match):
+        rs.pack(arr)
+    with pytest.raises(error, match=match):
+        rc.insert_batch(arr)
+    assert sorted(s.tolist() for s in rc) == sorted(STORED)
+
+
+@pytest.mark.parametrize("last", [np.array([5], np.int32), np.array([5], ">i8"),
+                                  np.array([5], np.uint64)])
+def test_other_integer_arrays_among_int64_arrays_are_converted(either_path, last):
+    arr = object_array([np.array([1, 2], np.int64)] * 3 + [last])
+    assert rs.pack(arr) == rs.pack([[1, 2]] * 3 + [[5]])
+
+
+def test_int64_arrays_are_converted_with_the_type_given(monkeypatch):
+    """All int64 arrays: one pyarrow conversion told the type (no
+    inference); lists and mixed dtypes are inferred (the inferred type is
+    their check)."""
+    seen = []
+    real = pa.array
+
+    def spy(obj, *args, **kwargs):
+        seen.append(kwargs.get("type"))
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(pa, "array", spy)
+    rs.pack(object_array([np.arange(3), np.arange(2)]))
+    rs.pack(object_array([[1, 2], [3]]))
+    rs.pack(object_array([np.arange(3), np.arange(2, dtype=np.int32)]))
+    assert seen == [pa.large_list(pa.int64()), None, None]
+
+
 # ------------------------------------------------------------------ threads per chunk
 
 def test_use_parallel_default_needs_every_batch_large(monkeypatch):

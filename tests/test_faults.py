@@ -25,11 +25,12 @@ LONG = RNG.integers(0, 3, size=700)
 # ---------------------------------------------------------------- injectors
 
 class InterruptAt:
-    """Raise ``KeyboardInterrupt`` at the ``k``-th line executed in
-    radix_soa's own Python code while active."""
+    """Raise ``KeyboardInterrupt`` (or ``exc``) at the ``k``-th line executed
+    in radix_soa's own Python code while active."""
 
-    def __init__(self, k):
+    def __init__(self, k, exc=KeyboardInterrupt):
         self.k = k
+        self.exc = exc
         self.count = 0
         self.fired = False
 
@@ -43,7 +44,7 @@ class InterruptAt:
             self.count += 1
             if self.count == self.k:
                 self.fired = True
-                raise KeyboardInterrupt(f"injected at line step {self.k}")
+                raise self.exc(f"injected at line step {self.k}")
         return self._local
 
     def __enter__(self):
@@ -151,8 +152,8 @@ def fresh_radix():
     return rc
 
 
-def fresh_prefix(capacity=None):
-    pc = PrefixCache(capacity=capacity)
+def fresh_prefix(capacity=None, events=False):
+    pc = PrefixCache(capacity=capacity, events=events)
     for q in BASE:
         pc.insert(q, values=np.arange(len(q)) + 1000)
     pc.insert(BASE[5], values=np.arange(len(BASE[5])) + 3000, namespace="tenant")
@@ -247,7 +248,7 @@ def faults(kind, monkeypatch):
 
 
 def run_faulted(inj, op, obj):
-    exc = KeyboardInterrupt if isinstance(inj, InterruptAt) else MemoryError
+    exc = inj.exc if isinstance(inj, InterruptAt) else MemoryError
     try:
         with inj:
             op(obj)
@@ -312,6 +313,105 @@ def test_prefix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
             pc.check_invariants()
     if kind == "interrupt":
         assert fired > 0
+
+
+EVENT_OPS = ["drop_namespace", "evict", "insert", "insert_batch", "insert_evicting"]
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "memory"])
+@pytest.mark.parametrize("name", EVENT_OPS)
+def test_events_stay_those_of_the_cache_after_a_fault_at_every_step(name, kind, monkeypatch):
+    """With events on, a faulted call leaves the events of the state it left:
+    those of the cache before the call, or after it (a batch: after a prefix
+    of it), never a change without its event or an event without its change."""
+    op = PREFIX_OPS[name]
+    capacity = 200 if name == "insert_evicting" else None
+
+    def make():  # its events taken: the call's log buffer is a new allocation
+        pc = fresh_prefix(capacity, events=True)
+        pc.take_events()
+        return pc
+
+    parts = [lambda pc: None, op]
+    if name == "insert_batch":
+        parts += [lambda pc, j=j: pc.insert_batch(BIG_BATCH[:j], values=BIG_BATCH[:j])
+                  for j in range(1, 30)]
+    ok = []
+    for part in parts:
+        pc = make()
+        part(pc)
+        ok.append((prefix_contents(pc), pc.take_events()))
+    assert any(events for _, events in ok)
+    fired = 0
+    for inj in faults(kind, monkeypatch):
+        pc = make()
+        fired += run_faulted(inj, op, pc)
+        got = (prefix_contents(pc), pc.take_events())
+        assert got in ok, f"{kind} at step {inj.k}: the events are not those of the cache"
+        pc.check_invariants()
+    assert fired > 0
+
+
+def event_history(pc, step):
+    """Calls that queue every kind of event (stored, removed in an eviction
+    and a namespace drop, cleared), in two steps."""
+    if step == 0:
+        for q in BASE:
+            pc.insert(q, values=np.arange(len(q)))
+        pc.insert(LONG[:90], values=np.arange(90), namespace="tenant")
+        pc.evict(30)
+        pc.drop_namespace("tenant")
+        pc.reset()
+    for q in BIG_BATCH[:12]:
+        pc.insert(q, values=np.arange(len(q)))
+    pc.insert_batch(BIG_BATCH[12:30], values=BIG_BATCH[12:30])
+    pc.evict(40)
+
+
+def make_history(event_hash="fast64"):
+    pc = PrefixCache(capacity=300, page_size=2, events=True, event_hash=event_hash,
+                     event_hash_seed="0")
+    event_history(pc, 0)
+    return pc
+
+
+# sha256_cbor decodes in many more lines: every 11th of them, and the last ones
+@pytest.mark.parametrize("exc,event_hash,stride", [(KeyboardInterrupt, "fast64", 1),
+                                                   (MemoryError, "fast64", 1),
+                                                   pytest.param(KeyboardInterrupt, "sha256_cbor",
+                                                                11, marks=pytest.mark.slow)])
+def test_take_events_loses_no_event_under_a_fault_at_every_step(exc, event_hash, stride):
+    """``take_events`` interrupted at any line (or failing as an allocation
+    would): the events it returned, if any, then those of the next calls
+    are exactly the uninterrupted sequence, in order (with ``sha256_cbor``,
+    whose map of the cached pages' hashes a fault must not change either)."""
+    pc = make_history(event_hash)
+    want = pc.take_events()
+    event_history(pc, 1)
+    want += pc.take_events()
+    kinds = {type(e).__name__ for e in want}
+    assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    lines, counted = InterruptAt(10**9), make_history(event_hash)
+    with lines:  # the lines of one take_events
+        counted.take_events()
+    steps = sorted(set(range(1, lines.count + 1, stride)) | set(range(lines.count - 40,
+                                                                     lines.count + 2)))
+    fired = 0
+    for k in steps:
+        pc = make_history(event_hash)
+        inj = InterruptAt(k, exc)
+        got = []
+        try:
+            with inj:
+                got = pc.take_events()
+        except exc:
+            fired += 1
+        event_history(pc, 1)
+        got += pc.take_events()
+        assert got == want, f"{exc.__name__} at line step {k}: events lost or repeated"
+        assert pc.take_events() == []
+        assert inj.fired == (k <= lines.count)
+    assert fired > 3
 
 
 def same_outcome(got, want):

@@ -44,7 +44,7 @@ def layer_of(module):
         return "kernels"
     if head in ("baselines", "studies"):
         return head
-    if head in ("_results", "_validate", "_typing", "_kv_events"):
+    if head in ("_results", "_validate", "_typing", "_kv_events", "_block_hash"):
         return "results"
     if head == "_storage":
         return "storage"

@@ -4,10 +4,12 @@ interval so threads interleave between almost every bytecode."""
 
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
+import radix_soa as rs
 from radix_soa import CacheFullError, PrefixCache, RadixCache
 
 
@@ -290,3 +292,104 @@ def test_a_reset_before_the_lock_is_taken_leaves_no_write_in_the_old_arrays(name
         assert pc.match_length([1, 2, 9]) == 3 and pc.total_tokens == 3
     else:
         assert pc.total_tokens == 0 and pc.stats["lookups"] == (name != "evict")
+
+
+# ---------------------------------------------------------------- the router index
+
+def worker_chunks(seed, n_inserts=60):
+    """One worker's events, in the ``apply`` calls it makes (a chunk every
+    few inserts into a capped cache, so evictions are in them too)."""
+    pc = PrefixCache(capacity=120, page_size=2, events=True, values=False)
+    chunks = []
+    for i, q in enumerate(sequences(seed, n_inserts, vocab=3, longest=40)):
+        pc.insert(q)
+        if i % 3 == 2:
+            evs = pc.take_events()
+            if evs:
+                chunks.append(evs)
+    return chunks
+
+
+def test_router_index_threads_answer_as_a_serial_order(monkeypatch):
+    """Workers apply their events from threads of their own (one refused
+    apply among them, one worker removed at the end) while readers call
+    ``overlap`` and ``overlap_batch``; a switch is forced between any two
+    events of an apply. Every answer is one a serial order gives: per worker,
+    its overlap after j of its applies, for a j between those done before
+    the read and those begun by its end, the same j for every row of a batch."""
+    from radix_soa import EventError, RouterIndex
+    from radix_soa import router_index as RI
+
+    workers = 4
+    chunks = [worker_chunks(10 + w) for w in range(workers)]
+    queries = sequences(77, 24, vocab=3, longest=40)
+    # expected[w][j][qi]: worker w alone after its first j applies
+    expected = []
+    for w in range(workers):
+        alone = RouterIndex(page_size=2)
+        alone.apply(w, [])
+        rows = [[0] * len(queries)]
+        for c in chunks[w]:
+            alone.apply(w, c)
+            rows.append([int(alone.overlap(q)[0]) for q in queries])
+        expected.append(rows)
+    assert all(len(set(map(tuple, rows))) > 3 for rows in expected)
+
+    ix = RouterIndex(page_size=2)
+    for w in range(workers):  # columns in worker order; chunk 0 applied
+        ix.apply(w, chunks[w][0])
+    started = [1] * workers
+    done = [1] * workers
+    removed = threading.Event()
+
+    real = RI.RouterIndex._apply_one
+
+    def switching(self, *args):
+        real(self, *args)
+        time.sleep(0)  # let another thread in between two events of one apply
+
+    monkeypatch.setattr(RI.RouterIndex, "_apply_one", switching)
+
+    def write(w):
+        for j, c in enumerate(chunks[w][1:], start=1):
+            if w == 1 and j == len(chunks[w]) // 2:  # refused: the chunk, then a block never held
+                with pytest.raises(EventError, match="does not hold"):
+                    ix.apply(w, c + [rs.BlockRemoved([12345])])
+            started[w] += 1
+            ix.apply(w, c)
+            done[w] += 1
+        if w == workers - 1:
+            ix.remove_worker(w)
+            removed.set()
+
+    def allowed(w, lo, hi, qi):
+        return {expected[w][j][qi] for j in range(lo, hi + 1)}
+
+    def read_one(seed=[0]):
+        seed[0] += 1
+        qi = seed[0] % len(queries)
+        lo = list(done)
+        got = ix.overlap(queries[qi]).tolist()
+        hi = list(started)
+        gone = removed.is_set()
+        assert len(got) in (workers, workers - 1)
+        if len(got) == workers - 1:
+            assert removed.is_set() or started[-1] == len(chunks[-1])
+        elif gone:
+            raise AssertionError("a removed worker still answers")
+        for w, n in enumerate(got):
+            assert n in allowed(w, lo[w], hi[w], qi), (w, n, lo[w], hi[w])
+
+    def read_batch():
+        lo = list(done)
+        got = ix.overlap_batch(queries)
+        hi = list(started)
+        for w in range(got.shape[1]):
+            col = got[:, w].tolist()
+            assert any(col == [expected[w][j][qi] for qi in range(len(queries))]
+                       for j in range(lo[w], hi[w] + 1)), f"worker {w}: no single state"
+
+    run_threads([(write, w) for w in range(workers)], background=[read_one, read_batch])
+    assert ix.workers == list(range(workers - 1))
+    for qi, q in enumerate(queries):
+        assert ix.overlap(q).tolist() == [expected[w][-1][qi] for w in range(workers - 1)]

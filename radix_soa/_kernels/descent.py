@@ -252,6 +252,94 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
                     live -= 1
 
 
+@kernel
+def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo, m, page, rv, rc,
+                  rk, rpos, walk, slot, node):
+    """``descend`` of queries ``lo .. lo+m-1`` of a CSR batch (``m <= GROUP``),
+    interleaved as in ``descend_lanes``: query ``lo+g``'s ``(v, c, k, pos)``
+    goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``node``:
+    scratch of ``GROUP`` (int64). For a batch insert, which reads its
+    group's descents first and then changes the tree item by item."""
+    mask = table.shape[0] - 1
+    live = 0
+    for g in range(m):
+        a = offsets[lo + g]
+        prefetch(flat, a)
+        rv[g] = root
+        rc[g] = NO_NODE
+        rk[g] = 0
+        rpos[g] = 0
+        walk[g] = 1 if offsets[lo + g + 1] - a >= page else 0
+        live += walk[g]
+    while live > 0:
+        for g in range(m):
+            if walk[g]:
+                h = home_slot(table, key_hash(rv[g], flat, offsets[lo + g] + rpos[g], page))
+                slot[g] = h
+                prefetch(table, h)
+        for g in range(m):
+            if walk[g]:
+                c = np.int64(table[slot[g]])
+                node[g] = c
+                if c != NO_NODE:
+                    prefetch(start, c)
+                    prefetch(length, c)
+                    prefetch(parent, c)
+                    c2 = table[(slot[g] + 1) & mask]
+                    if c2 != NO_NODE:
+                        prefetch(parent, c2)
+        for g in range(m):
+            c = node[g]
+            if walk[g] and c != NO_NODE:
+                s = start[c]
+                rest = offsets[lo + g + 1] - offsets[lo + g] - rpos[g]
+                e = s + min(np.int64(length[c]), rest, 64)
+                j = s
+                while j < e:
+                    prefetch(tokens, j)
+                    j += 8
+        for g in range(m):
+            if not walk[g]:
+                continue
+            p = rv[g]
+            qs = offsets[lo + g]
+            qn = offsets[lo + g + 1] - qs
+            at = qs + rpos[g]
+            i = slot[g]
+            c = node[g]
+            while c != NO_NODE:  # the rest of find_child's probe, from the slot read
+                if parent[c] == p:
+                    s = start[c]
+                    same = True
+                    for j in range(page):
+                        if tokens[s + j] != flat[at + j]:
+                            same = False
+                            break
+                    if same:
+                        break
+                i = (i + 1) & mask
+                c = np.int64(table[i])
+            if c == NO_NODE:
+                walk[g] = 0
+            else:
+                L = np.int64(length[c])
+                n = min(L, qn - rpos[g])
+                k = page + common(tokens, start[c] + page, flat, at + page, n - page)
+                if page > 1:
+                    k -= k % page
+                if k == L:
+                    rv[g] = c
+                    rpos[g] += L
+                    if qn - rpos[g] < page:
+                        walk[g] = 0
+                else:
+                    rc[g] = c
+                    rk[g] = k
+                    walk[g] = 0
+            if walk[g] == 0:
+                live -= 1
+
+
 @kernel_scratch
 def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,

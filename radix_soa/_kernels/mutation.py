@@ -8,8 +8,10 @@ existing id for the lower part (its children, their table entries and
 handles stay valid) and gives the upper part a new id.
 """
 
-from .config import kernel
-from .descent import descend
+import numpy as np
+
+from .config import kernel, kernel_alloc
+from .descent import GROUP, descend, descend_group
 from .directory import tree_at
 from .heap import heap_push, heap_remove, key_on_create, key_on_insert, touch_insert
 from .layout import (CXOR, DONE, FREE, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_DEAD_TOKENS,
@@ -216,23 +218,61 @@ def radix_insert(D, like, root, q):
     return DONE, 1 if set_terminal(T[TERM], T[META], v) else 0
 
 
-@kernel
+@kernel_alloc
 def radix_insert_batch(T, root, flat, offsets, cursor, new):
     """Insert sequences ``cursor[0]..`` of a CSR batch, marking each
     terminal; ``new[i]`` (bool, caller-allocated) records whether sequence i
     was not stored before. Returns ``DONE``, or ``ROOM`` with ``cursor[0]``
-    at the first sequence not inserted."""
+    at the first sequence not inserted.
+
+    Sequences go GROUP at a time: their descents first, interleaved
+    (``descend_group``: the group's cache misses overlap), then each insert
+    in order. An insert changes what a later descent of its group would
+    find only when it splits a node or hangs a leaf on the node that later
+    descent ended at (a new leaf's first token differs from every sibling's,
+    so no other path changes); such a descent is done again, so every
+    sequence is inserted exactly as ``insert_one`` one by one would."""
     n = offsets.shape[0] - 1
     meta = T[META]
-    for i in range(cursor[0], n):
-        qs = offsets[i]
-        qn = offsets[i + 1] - qs
-        if not has_room(T, qn, 2):
-            cursor[0] = i
-            return need_room(T, qn, 2)
-        v, cached = insert_one(T, root, flat, qs, qn, flat, qs, 1, False, 0)
-        new[i] = set_terminal(T[TERM], meta, v)
-        meta[M_TOKENS_INSERTED] += qn
+    tokens, start, length, parent, table = T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE]
+    rv = np.empty(GROUP, np.int64)
+    rc = np.empty(GROUP, np.int64)
+    rk = np.empty(GROUP, np.int64)
+    rpos = np.empty(GROUP, np.int64)
+    walk = np.empty(GROUP, np.int64)
+    slot = np.empty(GROUP, np.int64)
+    node = np.empty(GROUP, np.int64)
+    hung = np.empty(GROUP, np.int64)  # nodes this group hung a leaf on
+    i = cursor[0]
+    while i < n:
+        m = min(GROUP, n - i)
+        descend_group(tokens, start, length, parent, table, root, flat, offsets, i, m, 1, rv, rc,
+                      rk, rpos, walk, slot, node)
+        nh = 0
+        split_seen = False
+        for g in range(m):
+            qs = offsets[i]
+            qn = offsets[i + 1] - qs
+            if not has_room(T, qn, 2):
+                cursor[0] = i
+                return need_room(T, qn, 2)
+            v, c, k, pos = rv[g], rc[g], rk[g], rpos[g]
+            stale = split_seen
+            for h in range(nh):
+                if hung[h] == v:
+                    stale = True
+            if stale:
+                v, c, k, pos = descend(tokens, start, length, parent, table, root, flat, qs, qn,
+                                       1)
+            if c != NO_NODE:
+                split_seen = True
+            elif pos < qn:
+                hung[nh] = v
+                nh += 1
+            x = extend(T, root, v, c, k, pos, flat, qs, qn, flat, qs, 1, False, 0)
+            new[i] = set_terminal(T[TERM], meta, x)
+            meta[M_TOKENS_INSERTED] += qn
+            i += 1
     cursor[0] = n
     return DONE
 

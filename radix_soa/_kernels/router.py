@@ -17,6 +17,7 @@ import numpy as np
 
 from .chain import page_hash
 from .config import kernel, kernel_nogil
+from .table import home_slot, shift_delete
 
 X_END = 0    # high-water mark of node ids
 X_FREE = 1   # first free node id, or -1
@@ -45,27 +46,21 @@ def rx_find(table, keys, h):
 
 
 @kernel
+def _page_home(table, c, ctx):
+    """Home slot of node ``c``: its page hash, already mixed (``ctx`` is
+    ``(keys,)``)."""
+    return home_slot(table, ctx[0][c])
+
+
+@kernel
 def _table_delete(table, keys, v):
-    """Remove node ``v`` from the table (backward-shift deletion)."""
+    """Remove node ``v`` from the table (the child table's backward-shift
+    deletion, with this table's home slot)."""
     mask = table.shape[0] - 1
-    i = np.int64(keys[v] & np.uint64(mask))
+    i = home_slot(table, keys[v])
     while table[i] != v:
         i = (i + 1) & mask
-    j = i
-    while True:
-        j = (j + 1) & mask
-        c = table[j]
-        if c < 0:
-            break
-        home = np.int64(keys[c] & np.uint64(mask))
-        if i <= j:
-            movable = home <= i or home > j
-        else:
-            movable = home <= i and home > j
-        if movable:
-            table[i] = c
-            i = j
-    table[i] = -1
+    shift_delete(table, i, _page_home, (keys,))
 
 
 @kernel
@@ -196,16 +191,19 @@ def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, ha
 
 
 @kernel
-def rx_overlap(table, keys, masks, q, page, seed, live, res):
+def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys):
     """``overlap_at`` of all of ``q``."""
-    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res)
+    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res, hkeys)
 
 
 @kernel
-def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res):
+def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys):
     """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
     it holds, into ``res`` (every column of ``live``, int64 words; ``res``
-    has a word of scratch per word of ``live`` after the 64 columns of each)."""
+    has a word of scratch per word of ``live`` after the 64 columns of each).
+    The pages' keys are their chained ``page_hash`` from ``seed``, or
+    ``hkeys`` when it is not empty (one per page, hashed by the caller:
+    ``sha256_cbor``)."""
     words = masks.shape[1]
     alive = res[64 * words:]
     left = 0
@@ -214,9 +212,10 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res):
         left |= live[w]
     h = seed
     npages = qn // page
+    given = hkeys.shape[0] > 0
     i = 0
     while i < npages and left != 0:
-        h = page_hash(h, q, qs + i * page, page)
+        h = hkeys[i] if given else page_hash(h, q, qs + i * page, page)
         v = rx_find(table, keys, h)
         if v < 0:
             break
@@ -242,8 +241,9 @@ def _set_bits(res, w, bits, value):
 
 
 @kernel_nogil
-def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res):
-    """``overlap_at`` of every sequence of a CSR batch into row i of ``res``."""
+def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res, hkeys):
+    """``overlap_at`` of every sequence of a CSR batch into row i of ``res``
+    (``hkeys`` empty: the page hash)."""
     for i in range(offsets.shape[0] - 1):
         overlap_at(table, keys, masks, flat, offsets[i], offsets[i + 1] - offsets[i], page,
-                   seed, live, res[i])
+                   seed, live, res[i], hkeys)

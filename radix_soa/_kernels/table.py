@@ -11,6 +11,10 @@ import numpy as np
 from .config import kernel
 from .layout import (LOAD_DEN, LOAD_NUM, META, M_NEED_NODES, M_NEED_TOKENS, M_NODE_END,
                      M_NODES, M_FREE_COUNT, M_TOK_USED, NO_NODE, ROOM, START, TABLE, TOKENS)
+from .prefetch import prefetch
+
+# table_rebuild prefetches the home slot of the node this many ids ahead
+AHEAD = 16
 
 
 @kernel
@@ -79,8 +83,11 @@ def table_slot(table, tokens, start, parent, c, page):
 
 
 @kernel
-def table_delete_slot(table, tokens, start, parent, i, page):
-    """Empty slot ``i`` and shift later entries of its probe run back."""
+def shift_delete(table, i, home, ctx):
+    """Empty slot ``i`` of an open-addressing table (int32 entries, -1
+    empty, linear probing) and shift the later entries of its probe run
+    back. ``home(table, c, ctx)`` is entry ``c``'s home slot: the child
+    table's ``child_home`` here, the router index's own (``router``)."""
     mask = table.shape[0] - 1
     j = i
     while True:
@@ -88,12 +95,12 @@ def table_delete_slot(table, tokens, start, parent, i, page):
         c = table[j]
         if c == NO_NODE:
             break
-        home = home_slot(table, key_hash(parent[c], tokens, start[c], page))
+        h = home(table, c, ctx)
         # c may fill the hole at i unless its home lies cyclically in (i, j]
         if i <= j:
-            movable = home <= i or home > j
+            movable = h <= i or h > j
         else:
-            movable = home <= i and home > j
+            movable = h <= i and h > j
         if movable:
             table[i] = c
             i = j
@@ -101,11 +108,31 @@ def table_delete_slot(table, tokens, start, parent, i, page):
 
 
 @kernel
+def child_home(table, c, ctx):
+    """Home slot of node ``c`` in the child table; ``ctx`` is ``(tokens,
+    start, parent, page)``."""
+    tokens, start, parent, page = ctx
+    return home_slot(table, key_hash(parent[c], tokens, start[c], page))
+
+
+@kernel
+def table_delete_slot(table, tokens, start, parent, i, page):
+    """Empty slot ``i`` and shift later entries of its probe run back."""
+    shift_delete(table, i, child_home, (tokens, start, parent, page))
+
+
+@kernel
 def table_rebuild(table, tokens, start, length, parent, node_end, page):
     """Fill ``table`` (all -1) with every live non-root node below ``node_end``.
 
-    ``table``: int32, power-of-two length, allocated by the caller."""
+    ``table``: int32, power-of-two length, allocated by the caller. The
+    home slot of the node ``AHEAD`` ids on is prefetched before each put (a
+    table past the cache is otherwise one miss per node, one after another);
+    the fill order, and so the table, is the plain loop's."""
     for c in range(node_end):
+        a = c + AHEAD
+        if a < node_end and length[a] > 0 and parent[a] >= 0:
+            prefetch(table, home_slot(table, key_hash(parent[a], tokens, start[a], page)))
         if length[c] > 0 and parent[c] >= 0:
             table_put(table, tokens, start, parent, c, page)
 

@@ -3,15 +3,25 @@ tasks, ``ShardedCache`` and ``build`` (see ``radix_soa.dask``)."""
 
 import os
 import pickle
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union, overload
 
 import dask
 import distributed
 import numpy as np
 
+from .._typing import BatchLike
 from .._validate import check_int, check_length
 from ..batch import Batch, pack_one
 from ..radix_cache import RadixCache
 from . import _store
+
+if TYPE_CHECKING:
+    import dask.array
+    import dask.bag
+    import dask.dataframe
+
+    # the dask collections of sequences the queries may be (answered as dask arrays)
+    DaskSequences = Union[dask.bag.Bag, dask.dataframe.Series]
 
 __all__ = ["build", "load", "ShardedCache", "shard_of"]
 
@@ -32,7 +42,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-def shard_of(batch, head, shards):
+def shard_of(batch: Batch, head: int, shards: int) -> np.ndarray:
     """Shard of every sequence of ``batch`` (a ``Batch``) by a hash of its
     first ``head`` tokens; -1 for sequences shorter than ``head`` (they live
     in the head tree). Deterministic across processes and machines.
@@ -229,24 +239,24 @@ class ShardedCache:
         self._n_short = n_short
 
     @property
-    def head(self):
+    def head(self) -> int:
         """k: the number of leading tokens that picks a sequence's shard."""
         return self._k
 
     @property
-    def shards(self):
+    def shards(self) -> int:
         """How many shards (``RadixCache``s on the workers)."""
         return self._n
 
     @property
-    def shard_lengths(self):
+    def shard_lengths(self) -> np.ndarray:
         """Distinct sequences stored per shard (int64 array; copies)."""
         return self._lengths.copy()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return int(self._lengths.sum()) + self._n_short
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ShardedCache({len(self)} sequences, shards={self._n}, head={self._k})"
 
     # ------------------------------------------------------------ placement
@@ -308,7 +318,12 @@ class ShardedCache:
         flat = np.concatenate(outs) if outs else np.empty(0, np.int64)
         return da.from_array(flat, chunks=(tuple(o.shape[0] for o in outs),))
 
-    def exists_batch(self, queries):
+    @overload
+    def exists_batch(self, queries: "DaskSequences") -> "dask.array.Array": ...
+    @overload
+    def exists_batch(self, queries: BatchLike) -> np.ndarray: ...
+
+    def exists_batch(self, queries: Any) -> Any:
         """``exists`` for every query, as a bool array, exactly as one
         ``RadixCache`` holding every sequence would answer.
 
@@ -325,7 +340,12 @@ class ShardedCache:
             out[short] = self._head.exists_batch(Batch(*_take(b, short)), parallel=False)
         return self._ask(b, far, sid, "exists", out)
 
-    def match_prefix_batch(self, queries):
+    @overload
+    def match_prefix_batch(self, queries: "DaskSequences") -> "dask.array.Array": ...
+    @overload
+    def match_prefix_batch(self, queries: BatchLike) -> np.ndarray: ...
+
+    def match_prefix_batch(self, queries: Any) -> Any:
         """Longest stored prefix of every query (int64 array), exactly as one
         ``RadixCache`` holding every sequence would answer (``queries`` as
         for ``exists_batch``)."""
@@ -335,7 +355,7 @@ class ShardedCache:
         return self._ask(b, far, sid, "match", h.astype(np.int64, copy=True))
 
     # ------------------------------------------------------------ updates
-    def insert_batch(self, seqs):
+    def insert_batch(self, seqs: BatchLike) -> np.ndarray:
         """Insert sequences; returns a bool array, True where a sequence was
         not stored before (the first of duplicates within the batch).
 
@@ -384,7 +404,7 @@ class ShardedCache:
         return new
 
     # ------------------------------------------------------------ persistence
-    def save(self, path):
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Write every shard (each by its worker), the head tree and a header
         into directory ``path``, as a whole: see ``radix_soa.dask._store``;
         ``radix_soa.dask.load`` reads it back. ``path`` must be on a
@@ -392,7 +412,7 @@ class ShardedCache:
         _store.save(self, path)
 
     # ------------------------------------------------------------ reports
-    def memory_report(self):
+    def memory_report(self) -> Dict[str, Any]:
         """Bytes per shard (each shard's ``RadixCache.memory_report()``,
         computed on its worker), the head tree's report, and ``total``: the
         counts summed over shards and head tree, with ``bytes_per_stored_token``
@@ -413,7 +433,8 @@ class ShardedCache:
 
 # ---------------------------------------------------------------- build
 
-def build(seqs, shards=8, client=None, head=16):
+def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = None,
+          head: int = 16) -> ShardedCache:
     """A ``ShardedCache`` of ``seqs`` over the workers of ``client`` (the
     current client when None).
 
@@ -471,7 +492,8 @@ def build(seqs, shards=8, client=None, head=16):
     return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short)
 
 
-def load(path, mmap=False, client=None):
+def load(path: Union[str, "os.PathLike[str]"], mmap: bool = False,
+         client: Optional[distributed.Client] = None) -> ShardedCache:
     """A ``ShardedCache`` written by ``ShardedCache.save``, each shard loaded
     by the worker that will hold it (``mmap=True``: mapped read-only there,
     as ``RadixCache.load(mmap=True)``; ``insert_batch`` still works, on

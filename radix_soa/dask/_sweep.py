@@ -2,13 +2,17 @@
 ``rs.sweep``."""
 
 import functools
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple, TypeVar
 
 import distributed
 
 from .._validate import check_int
-from ..studies.replay import SCHEDULES, SweepResult, _as_trace, replay
+from ..studies.replay import (SCHEDULES, SweepProgress, SweepResult, TraceLike, _as_trace,
+                              replay)
 from ..studies.traces import Trace
 from ._sharded import _client
+
+K = TypeVar("K", bound=Hashable)  # the name of a trace
 
 
 def _capacities(capacities):
@@ -27,7 +31,9 @@ def _run(client, jobs, progress):
     return client.gather(jobs)
 
 
-def sweep(trace, capacities, *, client=None, progress=None, **kwargs):
+def sweep(trace: TraceLike, capacities: Iterable[Optional[int]], *,
+          client: Optional[distributed.Client] = None, progress: SweepProgress = None,
+          **kwargs: Any) -> SweepResult:
     """``rs.sweep`` on a Dask cluster: one ``replay`` per capacity, each a
     task (the trace is sent to the workers once). ``kwargs`` as for
     ``replay``; ``progress`` is called with the number of replays done.
@@ -38,7 +44,10 @@ def sweep(trace, capacities, *, client=None, progress=None, **kwargs):
                       **kwargs)[None, kwargs.get("schedule", "fcfs")]
 
 
-def sweep_many(traces, capacities, *, schedules=None, client=None, progress=None, **kwargs):
+def sweep_many(traces: Dict[K, TraceLike], capacities: Iterable[Optional[int]], *,
+               schedules: Optional[Iterable[str]] = None,
+               client: Optional[distributed.Client] = None, progress: SweepProgress = None,
+               **kwargs: Any) -> Dict[Tuple[K, str], SweepResult]:
     """``rs.sweep`` of several traces, each under several ``schedules``,
     all as tasks at once: a dict ``{(name, schedule): SweepResult}`` in the
     order of ``traces`` then ``schedules``.
@@ -74,7 +83,7 @@ def sweep_many(traces, capacities, *, schedules=None, client=None, progress=None
                 keys.append((name, schedule))
                 jobs.append(client.submit(one, trace, pure=False))
     results = _run(client, jobs, progress)
-    out = {}
+    out: Dict[Tuple[K, str], List[Any]] = {}
     for key, r in zip(keys, results):
         out.setdefault(key, []).append(r)
     return {key: SweepResult(rs) for key, rs in out.items()}

@@ -85,6 +85,7 @@ import inspect
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -95,7 +96,8 @@ from .._results import InvariantError
 from .. import _storage
 from .._storage import TreeStorage, resume
 from .._validate import check_int, check_policy
-from .replay import _as_trace, _readonly, _roots, check_warmup, run_replays, scored_from
+from .replay import (SweepProgress, TraceLike, _as_trace, _readonly, _roots, check_warmup,
+                     run_replays, scored_from)
 
 __all__ = ["replay_cluster", "sweep_cluster", "ClusterResult", "ClusterSweep", "ROUTERS",
            "ring_points", "prefix_hash_route"]
@@ -107,7 +109,7 @@ LOADS = ("requests", "tokens")
 MAX_WORKERS = 4096
 
 #: The service-time model's defaults (documented in the module docstring).
-DEFAULTS = dict(slots=32, prefill_rate=10_000.0, decode_rate=50.0)
+DEFAULTS: Dict[str, Any] = dict(slots=32, prefill_rate=10_000.0, decode_rate=50.0)
 
 
 @dataclass
@@ -134,7 +136,7 @@ class ClusterResult:
     workers: int
     router: str
     requests: int
-    capacity: object
+    capacity: Optional[int]
     page_size: int
     block_size: int
     total_ids: int
@@ -152,21 +154,21 @@ class ClusterResult:
     modes: np.ndarray = field(repr=False)
     first_token: np.ndarray = field(repr=False)
     finish: np.ndarray = field(repr=False)
-    per_worker: dict = field(repr=False)
+    per_worker: Dict[str, np.ndarray] = field(repr=False)
     warmup: float = 0.0
     scored_requests: int = 0
 
     @property
-    def hit_rate(self):
+    def hit_rate(self) -> float:
         """Hit ids / all ids of the scored requests, over every worker."""
         return self.hit_ids / self.total_ids if self.total_ids else 0.0
 
     @property
-    def prefill_saved_fraction(self):
+    def prefill_saved_fraction(self) -> float:
         """Prompt tokens not recomputed / all prompt tokens (scored)."""
         return self.prefill_tokens_saved / self.prefill_tokens if self.prefill_tokens else 0.0
 
-    def summary(self):
+    def summary(self) -> Dict[str, Any]:
         """The scalar results as a dict (per-request and per-worker arrays
         left out).
 
@@ -224,7 +226,7 @@ def _options(router, workers, seed, slots, prefill_rate, decode_rate, arrival_ra
         overlap_score_weight=_number("overlap_score_weight", overlap_score_weight, 0.0))
 
 
-def ring_points(workers, vnodes):
+def ring_points(workers: int, vnodes: int) -> Tuple[np.ndarray, np.ndarray]:
     """The consistent-hash ring: ``(points, owner)``, ``vnodes`` points per
     worker (point ``(w, v)`` is splitmix64 of ``w * 2**32 + v``, as int64),
     sorted by (point, worker)."""
@@ -245,7 +247,7 @@ def _mix64(x):
         return x ^ (x >> np.uint64(31))
 
 
-def prefix_hash_route(hashes, points, owner):
+def prefix_hash_route(hashes: np.ndarray, points: np.ndarray, owner: np.ndarray) -> np.ndarray:
     """Worker of each key hash: the owner of the first ring point at or
     after it (wrapping to the first point)."""
     at = np.searchsorted(points, hashes, side="left")
@@ -262,13 +264,17 @@ def _arrivals(tr, arrival_rate):
     return np.ascontiguousarray(t)
 
 
-def replay_cluster(trace, workers=8, capacity=None, router="cache_aware", page_size=1,
-                   schedule="fcfs", eviction_policy="lru", warmup=0.0, *, seed=0,
-                   slots=DEFAULTS["slots"], prefill_rate=DEFAULTS["prefill_rate"],
-                   decode_rate=DEFAULTS["decode_rate"], arrival_rate=None, load="requests",
-                   prefix_pages=4, vnodes=64, cache_threshold=0.5, balance_abs_threshold=32,
-                   balance_rel_threshold=1.1, max_tree_size=None, eviction_interval=30.0,
-                   overlap_score_weight=1.0):
+def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] = None,
+                   router: str = "cache_aware", page_size: int = 1, schedule: str = "fcfs",
+                   eviction_policy: str = "lru", warmup: float = 0.0, *, seed: int = 0,
+                   slots: int = DEFAULTS["slots"], prefill_rate: float = DEFAULTS["prefill_rate"],
+                   decode_rate: float = DEFAULTS["decode_rate"],
+                   arrival_rate: Optional[float] = None, load: str = "requests",
+                   prefix_pages: int = 4, vnodes: int = 64, cache_threshold: float = 0.5,
+                   balance_abs_threshold: int = 32, balance_rel_threshold: float = 1.1,
+                   max_tree_size: Optional[int] = None,
+                   eviction_interval: Optional[float] = 30.0,
+                   overlap_score_weight: float = 1.0) -> ClusterResult:
     """Replay ``trace`` over ``workers`` prefix caches of ``capacity`` ids
     each (``None``: unbounded), routing every request with ``router``; see
     the module docstring for the workers, the time model and the routers.
@@ -403,7 +409,7 @@ def replay_cluster(trace, workers=8, capacity=None, router="cache_aware", page_s
         scored_requests=n - first)
 
 
-def imbalance(values):
+def imbalance(values: Any) -> float:
     """max / mean of per-worker ``values`` (1.0 when all are 0).
 
     >>> imbalance([3, 1]), imbalance([0, 0])
@@ -437,22 +443,23 @@ class ClusterSweep:
     """Cluster replays over (workers, router, capacity): ``rows`` (one dict
     per replay) and the ``results``."""
 
-    results: list
+    results: List[ClusterResult]
 
     COLUMNS = ("workers", "router", "capacity", "hit_rate", "prefill_tokens_saved",
                "prefill_saved_fraction", "load_imbalance", "request_imbalance", "mean_ttft",
                "evicted_ids", "seconds")
 
     @property
-    def rows(self):
+    def rows(self) -> List[Dict[str, Any]]:
+        """One dict of ``COLUMNS`` per replay."""
         return [{c: r.summary()[c] for c in self.COLUMNS} for r in self.results]
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, List[Any]]:
         """Column name -> list of values (ready for ``pandas.DataFrame``)."""
         rows = self.rows
         return {c: [row[c] for row in rows] for c in self.COLUMNS}
 
-    def to_csv(self):
+    def to_csv(self) -> str:
         """Every column, one row per replay, as CSV text."""
         import csv
         import io
@@ -463,7 +470,7 @@ class ClusterSweep:
             w.writerow(["" if row[c] is None else row[c] for c in self.COLUMNS])
         return buf.getvalue()
 
-    def table(self):
+    def table(self) -> str:
         """The sweep as an aligned text table."""
         head = ("workers", "router", "capacity", "hit rate", "prefill saved", "imbalance",
                 "req imbalance", "mean TTFT s")
@@ -477,12 +484,15 @@ class ClusterSweep:
         lines = ["  ".join(x.rjust(wd) for x, wd in zip(row, widths)) for row in [head, *body]]
         return "\n".join(lines)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.table()
 
 
-def sweep_cluster(trace, workers=(1, 2, 4, 8), capacities=(None,), routers=("cache_aware",),
-                  *, threads=None, progress=None, **kwargs):
+def sweep_cluster(trace: TraceLike, workers: Union[int, Iterable[int]] = (1, 2, 4, 8),
+                  capacities: Union[Optional[int], Iterable[Optional[int]]] = (None,),
+                  routers: Union[str, Iterable[str]] = ("cache_aware",), *,
+                  threads: Optional[int] = None, progress: SweepProgress = None,
+                  **kwargs: Any) -> ClusterSweep:
     """``replay_cluster`` for every (workers, router, capacity), in that
     nesting order, on ``threads`` threads (default: the CPU count; the
     kernel releases the GIL). Other arguments as for ``replay_cluster``;

@@ -17,7 +17,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from .._kernels import replay as KR
 from .._storage import TreeStorage, resume
 from .._kernels.layout import M_POLICY
 from .._validate import check_int, check_policy
+from .._typing import BatchLike
 from ..batch import as_batches, pack
 from .traces import Trace
 
@@ -34,6 +35,11 @@ __all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES", "check
 
 SCHEDULES = {"fcfs": KR.POLICY_FCFS, "lpm": KR.POLICY_LPM, "dfs": KR.POLICY_DFS}
 DEFAULT_WINDOW = 64
+
+# what the replays take: a Trace, or anything ``radix_soa.pack`` takes
+TraceLike = Union[Trace, BatchLike]
+# a sweep's progress report: called with the number of replays done
+SweepProgress = Optional[Callable[[int], Any]]
 
 
 #: Old ``ReplayResult`` names (they counted ids, called tokens) -> new ones.
@@ -67,8 +73,8 @@ class ReplayResult:
     """
 
     requests: int
-    capacity: object
-    host_capacity: object
+    capacity: Optional[int]
+    host_capacity: Optional[int]
     page_size: int
     schedule: str
     window: int
@@ -94,18 +100,18 @@ class ReplayResult:
     warmup: float = 0.0
     scored_requests: Optional[int] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.scored_requests is None:
             self.scored_requests = self.requests
 
     @property
-    def hit_rate(self):
+    def hit_rate(self) -> float:
         """Device hit ids / all ids of the scored requests (a block hit
         rate on block traces)."""
         return self.hit_ids / self.total_ids if self.total_ids else 0.0
 
     @property
-    def token_hit_rate(self):
+    def token_hit_rate(self) -> float:
         """Prompt tokens served by the device cache / all prompt tokens of
         the scored requests, a request's hit weighing ``min(hits x
         block_size, input tokens)`` (kvcache-simulator's definition; equal
@@ -113,22 +119,22 @@ class ReplayResult:
         return self.prefill_tokens_hit / self.prefill_tokens if self.prefill_tokens else 0.0
 
     @property
-    def host_hit_rate(self):
+    def host_hit_rate(self) -> float:
         """Ids loaded back from the host tier / all ids of the scored requests."""
         return self.host_hit_ids / self.total_ids if self.total_ids else 0.0
 
     @property
-    def combined_hit_rate(self):
+    def combined_hit_rate(self) -> float:
         """``hit_rate + host_hit_rate``: ids not recomputed."""
         return self.hit_rate + self.host_hit_rate
 
     @property
-    def prefill_saved_fraction(self):
+    def prefill_saved_fraction(self) -> float:
         """Prompt tokens not recomputed (device and host hits) / all prompt
         tokens of the scored requests."""
         return self.prefill_tokens_saved / self.prefill_tokens if self.prefill_tokens else 0.0
 
-    def summary(self):
+    def summary(self) -> Dict[str, Any]:
         """The scalar results as a dict (per-request arrays left out), under
         the current names.
 
@@ -143,7 +149,7 @@ class ReplayResult:
         return out
 
 
-def check_warmup(warmup):
+def check_warmup(warmup: float) -> float:
     """``warmup`` as a float in [0, 1), or TypeError/ValueError naming it."""
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float, np.integer, np.floating)):
         raise TypeError(f"warmup must be a number in [0, 1), got {type(warmup).__name__}")
@@ -154,7 +160,7 @@ def check_warmup(warmup):
     return w
 
 
-def scored_from(n, warmup):
+def scored_from(n: int, warmup: float) -> int:
     """Index of the first scored request: the first ``floor(warmup * n)``
     arrivals only warm the cache (kvcache-simulator's rule).
 
@@ -179,8 +185,10 @@ def _as_trace(trace):
                  namespace=np.zeros(n, np.int64), block_size=1)
 
 
-def replay(trace, capacity=None, page_size=1, host_capacity=None, schedule="fcfs",
-           window=DEFAULT_WINDOW, eviction_policy="lru", warmup=0.0):
+def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
+           host_capacity: Optional[int] = None, schedule: str = "fcfs",
+           window: int = DEFAULT_WINDOW, eviction_policy: str = "lru",
+           warmup: float = 0.0) -> ReplayResult:
     """Replay ``trace`` against a prefix cache of ``capacity`` ids.
 
     ``trace``: a ``radix_soa.studies.traces.Trace`` (its namespaces are kept apart)
@@ -336,40 +344,44 @@ class SweepResult:
     """Replays of one trace over several capacities: ``rows`` (one dict per
     capacity) and the ``results`` themselves."""
 
-    results: list
+    results: List[ReplayResult]
 
     COLUMNS = ("capacity", "hit_rate", "token_hit_rate", "host_hit_rate", "request_hit_rate",
                "prefill_saved_fraction", "evicted_ids", "rejected", "peak_index_bytes",
                "seconds")
 
     @property
-    def rows(self):
-        out = []
+    def rows(self) -> List[Dict[str, Any]]:
+        """One dict of ``COLUMNS`` per capacity."""
+        out: List[Dict[str, Any]] = []
         for r in self.results:
             summary = r.summary()
             out.append(RenamedKeys(RENAMED, {c: summary[c] for c in self.COLUMNS}))
         return out
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, List[Any]]:
         """Column name -> list of values (ready for ``pandas.DataFrame``)."""
         rows = self.rows
         return RenamedKeys(RENAMED, {c: [row[c] for row in rows] for c in self.COLUMNS})
 
-    def table(self, capacity_unit="ids", kv_bytes_per_token=None, legend=True):
+    def table(self, capacity_unit: str = "ids", kv_bytes_per_token: Optional[float] = None,
+              legend: bool = True) -> str:
         """The table with units and legend (``radix_soa.studies.report.table``)."""
         from .report import table
         return table(self.results, capacity_unit, kv_bytes_per_token, legend)
 
-    def to_csv(self, capacity_unit="ids", kv_bytes_per_token=None):
+    def to_csv(self, capacity_unit: str = "ids",
+               kv_bytes_per_token: Optional[float] = None) -> str:
         """Every number, one row per capacity (``radix_soa.studies.report.to_csv``)."""
         from .report import to_csv
         return to_csv(self.results, capacity_unit, kv_bytes_per_token)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.table()
 
 
-def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):
+def sweep(trace: TraceLike, capacities: Iterable[Optional[int]], *, threads: Optional[int] = None,
+          progress: SweepProgress = None, **kwargs: Any) -> SweepResult:
     """``replay`` at each of ``capacities`` (other arguments as for
     ``replay``), run on ``threads`` threads (default: the CPU count; the
     replay kernel releases the GIL). ``progress`` is called with the number
@@ -384,7 +396,12 @@ def sweep(trace, capacities, *, threads=None, progress=None, **kwargs):
                                    threads, progress))
 
 
-def run_replays(one, items, threads, progress):
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+
+
+def run_replays(one: Callable[[_Item], _Result], items: Sequence[_Item], threads: Optional[int],
+                progress: SweepProgress) -> List[_Result]:
     """``[one(item) for item in items]`` on ``threads`` threads (default:
     the CPU count, at most one per item; the replay kernels release the
     GIL), calling ``progress(done)`` after each; results in ``items``'
