@@ -7,7 +7,6 @@ import pytest
 
 from radix_soa import PrefixCache, RadixCache
 from radix_soa._kernels import descent as KD
-from radix_soa._kernels import router as KR
 from radix_soa._kernels import table as KT
 from radix_soa._kernels.layout import DONE, ROOM
 from radix_soa._results import InvariantError
@@ -111,59 +110,6 @@ def test_backward_shift_delete_across_the_wrap(victim):
         while j != i:
             assert table[j] >= 0
             j = (j + 1) % size
-
-
-def shift_delete_reference(table, i, home):
-    """Backward-shift deletion restated in Python (``home(c)``: entry c's
-    home slot)."""
-    table = table.copy()
-    size = table.shape[0]
-    j = i
-    while True:
-        j = (j + 1) % size
-        c = int(table[j])
-        if c < 0:
-            break
-        h = home(c)
-        if (h <= i or h > j) if i <= j else (h <= i and h > j):
-            table[i] = c
-            i = j
-    table[i] = -1
-    return table
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_one_shift_delete_serves_the_child_table_and_the_router_index(seed):
-    """``table_delete_slot`` (home: the child key's hash) and the router
-    index's deletion (home: the page hash itself) are ``shift_delete`` with
-    another home function: each gives exactly the Python restatement's
-    table, entry after entry, on crowded tables with runs that wrap."""
-    rng = np.random.default_rng(seed)
-    size, n = 32, 24
-    # the child table: node v's one-token span starts at v, parent 0
-    buf = np.concatenate([[0], rng.integers(0, 1 << 40, size=n)]).astype(np.int64)
-    start = np.arange(n + 1, dtype=np.int64)
-    parent = np.array([-1] + [0] * n, np.int32)
-    table = np.full(size, -1, np.int32)
-    for c in range(1, n + 1):
-        KT.table_put(table, buf, start, parent, c, 1)
-    # the router index: keys chosen to crowd a few home slots, one run wrapping
-    keys = np.array(rng.choice([29, 30, 31, 0, 1, 7], size=n) + 32 * rng.integers(0, 1 << 20,
-                    size=n), np.uint64)
-    rtable = np.full(size, -1, np.int32)
-    KR.rx_table_rebuild(rtable, keys, np.zeros(n, np.int8), n)
-    assert rtable[0] >= 0 and rtable[size - 1] >= 0
-    for victim in rng.permutation(np.arange(1, n + 1))[:n // 2]:
-        slot = int(np.flatnonzero(table == victim)[0])
-        want = shift_delete_reference(table, slot, lambda c: _home(table, buf, int(start[c])))
-        KT.table_delete_slot(table, buf, start, parent, slot, 1)
-        assert table.tolist() == want.tolist()
-        v = int(victim) - 1
-        slot = int(np.flatnonzero(rtable == v)[0])
-        want = shift_delete_reference(rtable, slot, lambda c: int(keys[c]) % size)
-        KR._table_delete(rtable, keys, v)
-        assert rtable.tolist() == want.tolist()
-        assert all(KR.rx_find(rtable, keys, keys[c]) == c for c in rtable[rtable >= 0])
 
 
 def test_resume_grows_each_store_by_what_its_kernel_asked_for():

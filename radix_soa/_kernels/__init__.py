@@ -16,7 +16,6 @@ Modules, bottom up (a module calls only those above it in this list)::
     scan        count_zero_one (input checks)
     layout      Tree fields and index constants, meta slots, load limit, statuses
     table       mix64, key_hash -> find_child, table_put, table_slot,
-                shift_delete (the home slot a function argument: child_home) ->
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room
     heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, touch
     descent     common -> descend -> exists_one, match_one; settle, refill ->
@@ -38,7 +37,7 @@ Modules, bottom up (a module calls only those above it in this list)::
     replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
                 request_of -> replay_run (pc_match, room_needed, pc_lock,
                 pc_evict, extend)
-    router      rx_find; _table_delete (shift_delete, _page_home); rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
+    router      rx_find; rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
                 overlap_at (page_hash) -> rx_overlap, rx_overlap_batch (RouterIndex)
     cluster     prefix_hashes; the event heap (ev_push, ev_pop) -> retire; least_loaded,
                 shortest_queue -> cache_aware_pick, kv_overlap_pick; approx_insert,

@@ -17,7 +17,6 @@ import numpy as np
 
 from .chain import page_hash
 from .config import kernel, kernel_nogil
-from .table import home_slot, shift_delete
 
 X_END = 0    # high-water mark of node ids
 X_FREE = 1   # first free node id, or -1
@@ -46,21 +45,27 @@ def rx_find(table, keys, h):
 
 
 @kernel
-def _page_home(table, c, ctx):
-    """Home slot of node ``c``: its page hash, already mixed (``ctx`` is
-    ``(keys,)``)."""
-    return home_slot(table, ctx[0][c])
-
-
-@kernel
 def _table_delete(table, keys, v):
-    """Remove node ``v`` from the table (the child table's backward-shift
-    deletion, with this table's home slot)."""
+    """Remove node ``v`` from the table (backward-shift deletion)."""
     mask = table.shape[0] - 1
-    i = home_slot(table, keys[v])
+    i = np.int64(keys[v] & np.uint64(mask))
     while table[i] != v:
         i = (i + 1) & mask
-    shift_delete(table, i, _page_home, (keys,))
+    j = i
+    while True:
+        j = (j + 1) & mask
+        c = table[j]
+        if c < 0:
+            break
+        home = np.int64(keys[c] & np.uint64(mask))
+        if i <= j:
+            movable = home <= i or home > j
+        else:
+            movable = home <= i and home > j
+        if movable:
+            table[i] = c
+            i = j
+    table[i] = -1
 
 
 @kernel

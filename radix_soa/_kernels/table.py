@@ -83,11 +83,8 @@ def table_slot(table, tokens, start, parent, c, page):
 
 
 @kernel
-def shift_delete(table, i, home, ctx):
-    """Empty slot ``i`` of an open-addressing table (int32 entries, -1
-    empty, linear probing) and shift the later entries of its probe run
-    back. ``home(table, c, ctx)`` is entry ``c``'s home slot: the child
-    table's ``child_home`` here, the router index's own (``router``)."""
+def table_delete_slot(table, tokens, start, parent, i, page):
+    """Empty slot ``i`` and shift later entries of its probe run back."""
     mask = table.shape[0] - 1
     j = i
     while True:
@@ -95,30 +92,16 @@ def shift_delete(table, i, home, ctx):
         c = table[j]
         if c == NO_NODE:
             break
-        h = home(table, c, ctx)
+        home = home_slot(table, key_hash(parent[c], tokens, start[c], page))
         # c may fill the hole at i unless its home lies cyclically in (i, j]
         if i <= j:
-            movable = h <= i or h > j
+            movable = home <= i or home > j
         else:
-            movable = h <= i and h > j
+            movable = home <= i and home > j
         if movable:
             table[i] = c
             i = j
     table[i] = NO_NODE
-
-
-@kernel
-def child_home(table, c, ctx):
-    """Home slot of node ``c`` in the child table; ``ctx`` is ``(tokens,
-    start, parent, page)``."""
-    tokens, start, parent, page = ctx
-    return home_slot(table, key_hash(parent[c], tokens, start[c], page))
-
-
-@kernel
-def table_delete_slot(table, tokens, start, parent, i, page):
-    """Empty slot ``i`` and shift later entries of its probe run back."""
-    shift_delete(table, i, child_home, (tokens, start, parent, page))
 
 
 @kernel
