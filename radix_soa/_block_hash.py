@@ -18,6 +18,12 @@ maps to them as follows (each namespace stays a chain of its own):
 - a str ``s``: a cache salt, ``(s,)`` on the first block, ``None`` after
   (``BlockStored.lora_name`` carries it).
 
+Which vLLM: the int LoRA key is vLLM's up to 0.11.0. From 0.11.1 (vLLM
+PR #27211) a LoRA's extra key is its ``lora_name`` (a str, every block),
+which no namespace here expresses yet, so LoRA block hashes match only the
+older engines; namespace 0 and cache salts match both. vLLM drops an empty
+salt; the namespace ``""`` here still hashes as the salt ``("",)``.
+
 The CBOR is written here (canonical form of the few types that tuple holds:
 None, bool, ints, bytes, str, tuples and lists); ``tests/test_events.py``
 checks it byte for byte against ``cbor2``. A block hash is 32 bytes; an
@@ -128,7 +134,7 @@ def none_hash(seed=None):
     return sha256_cbor(seed)
 
 
-@functools.lru_cache(maxsize=1 << 17)
+@functools.lru_cache(maxsize=1 << 20)  # past any vocabulary
 def _int_cbor(n):
     """``cbor(n)`` of a token, cached (a vocabulary is small)."""
     return cbor(n)

@@ -382,8 +382,11 @@ class ServingMixin:
             self._requests.pop(id(request), None)
 
     def _transition(self, kernel, request, tokens, values):
-        """Run ``checkpoint``'s or ``finish``'s kernel: validate everything,
-        then one kernel call (resumed after growth); returns the result."""
+        """Run ``checkpoint``'s or ``finish``'s kernel: validate the inputs,
+        then one kernel call (resumed after growth), which also refuses a
+        closed request (``STALE``, its error then given here); returns the
+        result, whose arrays are views of the one ``out`` the kernel filled
+        (``request.result`` gives the same views again)."""
         if self._s.readonly:
             self._writable()
         q, n, vals = self._tokens_and_values(tokens, values)

@@ -97,6 +97,17 @@ class RouterIndex(ReadersWriter):
         self._seeds = {None: self._seed_none}
         self._init_lock()
 
+    _LOCK_STATE = ("_lock", "_no_readers", "_readers", "_writers_waiting")
+
+    def __getstate__(self):
+        """Pickled and copied without its lock (a copy gets a fresh one)."""
+        with self._lock:
+            return {k: v for k, v in self.__dict__.items() if k not in self._LOCK_STATE}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_lock()
+
     # ------------------------------------------------------------ storage
     def _alloc(self, nodes, slots, old=None):
         keys = np.zeros(nodes, np.uint64)

@@ -149,3 +149,23 @@ def test_the_index_equals_the_reference_on_event_streams(page, ops):
     qs = [seq for _, seq, _ in ops] or [[]]
     assert ix.overlap_batch(qs).tolist() == [ref.overlap(q) for q in qs]
     assert np.asarray(ix.overlap_batch(qs)).dtype == np.int64
+
+
+def test_an_index_pickles_and_copies_with_a_lock_of_its_own():
+    import copy
+    import pickle
+
+    pc = rs.PrefixCache(page_size=2, events=True)
+    pc.insert([1, 2, 3, 4], values=[0, 0, 0, 0])
+    ix = rs.RouterIndex(page_size=2)
+    ix.apply(7, pc.take_events())
+    copies = [pickle.loads(pickle.dumps(ix)), copy.deepcopy(ix)]
+    pc.insert([1, 2, 5, 6], values=[0, 0, 0, 0])
+    later = pc.take_events()
+    for other in copies:
+        assert other.overlap([1, 2, 3, 9]).tolist() == ix.overlap([1, 2, 3, 9]).tolist() == [2]
+        assert other._lock is not ix._lock
+        other.apply(7, later)  # a copy takes events on its own
+        assert other.overlap([1, 2, 5, 6]).tolist() == [4]
+    assert ix.overlap([1, 2, 5, 6]).tolist() == [2]
+

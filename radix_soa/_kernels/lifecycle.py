@@ -5,7 +5,8 @@ Each kernel changes the tree, the in-flight count ``meta[M_INFLIGHT]`` and
 the request's own state array ``st`` (slots ``R_*`` of ``layout``) in the
 same call, writing ``st[R_PHASE]`` last: whatever interrupts the Python
 around it, a request is either before or after a transition, never between,
-and what the transition returned can be recomputed from ``st``. Statuses
+and what the transition returned can be recomputed from ``st`` and the
+``out`` it filled. Statuses
 as everywhere (``layout``); after ``ROOM``, ``FULL``, ``LIMIT`` or
 ``STALE`` nothing changed.
 """
@@ -19,8 +20,9 @@ from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIM
                      M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
                      PARENT, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED,
-                     R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LAST_PARTIAL, R_LOCKED, R_NODE, R_PHASE,
-                     R_RESERVED, R_STEPS, STALE, STAMP, START, TABLE, TOKENS, VALUES)
+                     R_LAST_FROM, R_LAST_GEN, R_LAST_N, R_LAST_NODE, R_LAST_PARTIAL, R_LOCKED,
+                     R_NODE, R_PHASE, R_RESERVED, R_STEPS, STALE, STAMP, START, TABLE, TOKENS,
+                     VALUES)
 from .mutation import split
 from .prefix import (handle_live, insert_one_at_priority, lock_fits, path_top, path_unlocked,
                      path_values, pc_evict, pc_lock)
