@@ -29,9 +29,13 @@ def _kernel_hash():
 if "numba" in sys.modules:
     raise RuntimeError("numba was imported before conftest.py could key its cache directory "
                        "by the kernel sources; do not import radix_soa from a plugin")
-_parent = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
-                                                            "radix_soa-numba-cache")
-os.environ["NUMBA_CACHE_DIR"] = os.path.join(_parent, f"kernels-{_kernel_hash()}")
+_leaf = f"kernels-{_kernel_hash()}"
+_given = os.environ.get("NUMBA_CACHE_DIR")
+# pytest-xdist's workers inherit the controller's already-keyed directory:
+# key it once, or the workers compile into a nested copy no other process finds
+if not (_given and os.path.basename(os.path.normpath(_given)) == _leaf):
+    _parent = _given or os.path.join(tempfile.gettempdir(), "radix_soa-numba-cache")
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(_parent, _leaf)
 
 # the deprecated import shims warn on import: they are tested on purpose in
 # tests/test_layers.py, not collected as doctest modules
