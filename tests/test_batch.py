@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import radix_soa as rs
-from radix_soa import Batch, RadixCache, pack
+from radix_soa import Batch, RadixCache, _storage, pack
 
 from naive import NaiveSequenceSet
 
@@ -211,6 +211,31 @@ def assert_little_slack(cache):
             continue
         floor = 1 << 16 if name in ("tokens", "values") else 1 << 13  # bytes of the start sizes
         assert usage["allocated_bytes"] <= max(floor, 1.25 * usage["used_bytes"] + 8), name
+
+
+def test_the_trim_after_a_batch_copies_nothing(monkeypatch):
+    # the trimmed arrays are views of the ones the batch grew into: a copy
+    # would write the whole tree again (most of a large build's time)
+    made = []
+    real = _storage.allocate
+
+    def recording(n, dtype, fill=0):
+        made.append(real(n, dtype, fill))
+        return made[-1]
+
+    monkeypatch.setattr(_storage, "allocate", recording)
+    seqs = rs.workloads.shared_prefix(n_sequences=3000, n_prompts=7, prompt_len=300, seed=5)
+    rc = RadixCache()
+    rc.insert_batch(seqs)
+    assert_little_slack(rc)
+    tree = rc._s.tree
+    grown = [a for a in made if np.shares_memory(a, tree.tokens)]
+    assert len(grown) == 1 and grown[0].shape[0] > tree.tokens.shape[0]  # cut, not copied
+    assert any(np.shares_memory(a, tree.start) for a in made)
+    longer = [np.append(s, 7) for s in seqs]
+    rc.insert_batch(longer)  # growing again from the views
+    assert rc.exists_batch(longer).all() and rc.exists_batch(seqs).all()
+    rc.check_invariants()
 
 
 @pytest.mark.parametrize("kind", ["radix", "prefix"])
