@@ -16,7 +16,7 @@ from .config import kernel, kernel_parallel, kernel_scratch
 from .directory import tree_at
 from .layout import LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
 from .prefetch import prefetch
-from .table import find_child, home_slot, key_hash, term_get
+from .table import find_child, home_slot, key_hash, probe_on, term_get
 
 
 @kernel
@@ -49,6 +49,18 @@ def common(tokens, s, q, qpos, n):
 
 
 @kernel
+def span_match(tokens, start, length, c, q, at, rest, page):
+    """``(L, k)``: child ``c``'s span length and the tokens of it that
+    ``q[at:at+rest]`` matches, in whole pages (its first page is known to
+    match)."""
+    L = np.int64(length[c])
+    k = page + common(tokens, start[c] + page, q, at + page, min(L, rest) - page)
+    if page > 1:
+        k -= k % page
+    return L, k
+
+
+@kernel
 def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Walk from ``root`` along ``q[qs:qs+qn]``.
 
@@ -63,11 +75,7 @@ def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
         c = find_child(table, tokens, start, parent, v, q, qs + pos, page)
         if c == NO_NODE:
             return v, NO_NODE, 0, pos
-        L = length[c]
-        n = min(L, qn - pos)
-        k = page + common(tokens, start[c] + page, q, qs + pos + page, n - page)
-        if page > 1:
-            k -= k % page
+        L, k = span_match(tokens, start, length, c, q, qs + pos, qn - pos, page)
         if k == L:
             v = c
             pos += L
@@ -125,6 +133,42 @@ CHUNK = 4096
 
 
 @kernel
+def fetch_slot(table, v, q, at, page):
+    """Round 1 of a lane's step: the home slot of ``v``'s child keyed by
+    ``q[at:at+page]``, prefetched."""
+    h = home_slot(table, key_hash(v, q, at, page))
+    prefetch(table, h)
+    return h
+
+
+@kernel
+def fetch_entry(table, start, length, parent, slot):
+    """Round 2: the entry at ``slot`` (returned), its node's span and
+    parent prefetched, and the parent of the next probe's entry."""
+    c = np.int64(table[slot])
+    if c != NO_NODE:
+        prefetch(start, c)
+        prefetch(length, c)
+        prefetch(parent, c)
+        c2 = table[(slot + 1) & (table.shape[0] - 1)]  # the next probe, if c is not it
+        if c2 != NO_NODE:
+            prefetch(parent, c2)
+    return c
+
+
+@kernel
+def fetch_span(tokens, start, length, c, rest):
+    """Round 3: the tokens of ``c``'s span compared first (up to 64, a
+    cache line per 8)."""
+    s = start[c]
+    e = s + min(np.int64(length[c]), rest, 64)
+    j = s
+    while j < e:
+        prefetch(tokens, j)
+        j += 8
+
+
+@kernel
 def settle(exists, term, out_b, out_i, i, qn, v, c, k, pos):
     """Write query ``i``'s answer from its descent ``(v, c, k, pos)``."""
     if exists:
@@ -163,7 +207,6 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
                   exists, out_b, out_i):
     """Answer queries ``lo..hi`` of a CSR batch: ``exists`` (into ``out_b``)
     or ``match`` with ``page`` (into ``out_i``), GROUP queries interleaved."""
-    mask = table.shape[0] - 1
     lane = np.empty(GROUP, np.int64)
     qs = np.empty(GROUP, np.int64)
     qn = np.empty(GROUP, np.int64)
@@ -181,61 +224,28 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
     while live > 0:
         for g in range(GROUP):
             if lane[g] >= 0:
-                h = home_slot(table, key_hash(v[g], flat, qs[g] + pos[g], page))
-                slot[g] = h
-                prefetch(table, h)
+                slot[g] = fetch_slot(table, v[g], flat, qs[g] + pos[g], page)
         for g in range(GROUP):
             if lane[g] >= 0:
-                c = np.int64(table[slot[g]])
-                node[g] = c
-                if c != NO_NODE:
-                    prefetch(start, c)
-                    prefetch(length, c)
-                    prefetch(parent, c)
-                    c2 = table[(slot[g] + 1) & mask]  # the next probe, if c is not it
-                    if c2 != NO_NODE:
-                        prefetch(parent, c2)
+                node[g] = fetch_entry(table, start, length, parent, slot[g])
         for g in range(GROUP):
             c = node[g]
             if lane[g] >= 0 and c != NO_NODE:
-                s = start[c]
                 rest = qn[g] - pos[g]
-                L = np.int64(length[c])
-                e = s + min(L, rest, 64)  # the tokens compared first (a line per 8)
-                j = s
-                while j < e:
-                    prefetch(tokens, j)
-                    j += 8
-                if exists and L == rest:
+                fetch_span(tokens, start, length, c, rest)
+                if exists and length[c] == rest:
                     prefetch(term, c >> 3)
         for g in range(GROUP):
             if lane[g] < 0:
                 continue
             p = v[g]
             at = qs[g] + pos[g]
-            i = slot[g]
-            c = node[g]
-            while c != NO_NODE:  # the rest of find_child's probe, from the slot read
-                if parent[c] == p:
-                    s = start[c]
-                    same = True
-                    for j in range(page):
-                        if tokens[s + j] != flat[at + j]:
-                            same = False
-                            break
-                    if same:
-                        break
-                i = (i + 1) & mask
-                c = np.int64(table[i])
+            c = probe_on(table, tokens, start, parent, slot[g], node[g], p, flat, at, page)
             done = True
             if c == NO_NODE:
                 settle(exists, term, out_b, out_i, lane[g], qn[g], p, NO_NODE, 0, pos[g])
             else:
-                L = np.int64(length[c])
-                n = min(L, qn[g] - pos[g])
-                k = page + common(tokens, start[c] + page, flat, at + page, n - page)
-                if page > 1:
-                    k -= k % page
+                L, k = span_match(tokens, start, length, c, flat, at, qn[g] - pos[g], page)
                 if k == L:
                     v[g] = c
                     pos[g] += L
@@ -260,7 +270,6 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
     goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``node``:
     scratch of ``GROUP`` (int64). For a batch insert, which reads its
     group's descents first and then changes the tree item by item."""
-    mask = table.shape[0] - 1
     live = 0
     for g in range(m):
         a = offsets[lo + g]
@@ -274,30 +283,15 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
     while live > 0:
         for g in range(m):
             if walk[g]:
-                h = home_slot(table, key_hash(rv[g], flat, offsets[lo + g] + rpos[g], page))
-                slot[g] = h
-                prefetch(table, h)
+                slot[g] = fetch_slot(table, rv[g], flat, offsets[lo + g] + rpos[g], page)
         for g in range(m):
             if walk[g]:
-                c = np.int64(table[slot[g]])
-                node[g] = c
-                if c != NO_NODE:
-                    prefetch(start, c)
-                    prefetch(length, c)
-                    prefetch(parent, c)
-                    c2 = table[(slot[g] + 1) & mask]
-                    if c2 != NO_NODE:
-                        prefetch(parent, c2)
+                node[g] = fetch_entry(table, start, length, parent, slot[g])
         for g in range(m):
             c = node[g]
             if walk[g] and c != NO_NODE:
-                s = start[c]
-                rest = offsets[lo + g + 1] - offsets[lo + g] - rpos[g]
-                e = s + min(np.int64(length[c]), rest, 64)
-                j = s
-                while j < e:
-                    prefetch(tokens, j)
-                    j += 8
+                fetch_span(tokens, start, length, c,
+                           offsets[lo + g + 1] - offsets[lo + g] - rpos[g])
         for g in range(m):
             if not walk[g]:
                 continue
@@ -305,28 +299,11 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
             qs = offsets[lo + g]
             qn = offsets[lo + g + 1] - qs
             at = qs + rpos[g]
-            i = slot[g]
-            c = node[g]
-            while c != NO_NODE:  # the rest of find_child's probe, from the slot read
-                if parent[c] == p:
-                    s = start[c]
-                    same = True
-                    for j in range(page):
-                        if tokens[s + j] != flat[at + j]:
-                            same = False
-                            break
-                    if same:
-                        break
-                i = (i + 1) & mask
-                c = np.int64(table[i])
+            c = probe_on(table, tokens, start, parent, slot[g], node[g], p, flat, at, page)
             if c == NO_NODE:
                 walk[g] = 0
             else:
-                L = np.int64(length[c])
-                n = min(L, qn - rpos[g])
-                k = page + common(tokens, start[c] + page, flat, at + page, n - page)
-                if page > 1:
-                    k -= k % page
+                L, k = span_match(tokens, start, length, c, flat, at, qn - rpos[g], page)
                 if k == L:
                     rv[g] = c
                     rpos[g] += L

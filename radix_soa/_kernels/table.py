@@ -45,12 +45,16 @@ def home_slot(table, h):
 @kernel
 def find_child(table, tokens, start, parent, p, q, pos, page):
     """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
-    mask = table.shape[0] - 1
     i = home_slot(table, key_hash(p, q, pos, page))
-    while True:
-        c = table[i]
-        if c == NO_NODE:
-            return NO_NODE
+    return probe_on(table, tokens, start, parent, i, np.int64(table[i]), p, q, pos, page)
+
+
+@kernel
+def probe_on(table, tokens, start, parent, i, c, p, q, pos, page):
+    """``find_child``'s probe from slot ``i``, whose entry ``c`` was read
+    already (the batch walkers read it a round ahead, to prefetch)."""
+    mask = table.shape[0] - 1
+    while c != NO_NODE:
         if parent[c] == p:
             s = start[c]
             same = True
@@ -61,6 +65,8 @@ def find_child(table, tokens, start, parent, p, q, pos, page):
             if same:
                 return c
         i = (i + 1) & mask
+        c = np.int64(table[i])
+    return NO_NODE
 
 
 @kernel
