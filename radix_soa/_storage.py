@@ -478,15 +478,19 @@ def resume(call, stores, plan=None):
             raise InvariantError("a kernel asked for room without saying how much")
 
 
-def batch_plan(batch, cursor, live0, grew):
+def batch_plan(batch, cursor, live0, grew, nodes0=None):
     """A ``resume`` plan for a batch kernel with ``cursor``: after a stop,
     the tokens the batch has added so far per token it has read predict
     what the rest will add; the buffer grows to that (at least what the
     next item needs, at most all remaining tokens). A generous guess costs
     only address space (untouched pages are never resident), and
-    ``trim_slack`` gives the excess back at the end. ``live0``: the live
-    tokens before the batch; ``grew`` (a list) gets True appended when the
-    plan is used."""
+    ``trim_slack`` cuts the excess at the end. The nodes added per sequence
+    so far predict the nodes in the same way (at most two per sequence
+    left, at most 8x the nodes there are), so the child table, which every
+    growth rebuilds, grows a few times, not once per doubling (it is not
+    trimmed: an overshoot stays). ``live0``/``nodes0``:
+    the live tokens and nodes before the batch; ``grew`` (a list) gets True
+    appended when the plan is used."""
     n = len(batch)
     offsets = batch.offsets
 
@@ -497,7 +501,11 @@ def batch_plan(batch, cursor, live0, grew):
         remaining = int(offsets[n] - offsets[i])
         added = s.count("tokens") - live0  # live tokens: a compaction keeps them
         guess = tokens if done == 0 else min(remaining, max(0, added) * remaining // done * 3 // 2)
-        return max(tokens, guess), max(nodes, min(2 * (n - i), 2 * s.node_end))
+        node_guess = 2 * s.node_end
+        if nodes0 is not None and i > 0:  # x8 at most: an early stop has seen few sequences
+            rate_guess = max(0, s.count("nodes") - nodes0) * (n - i) // i * 6 // 5
+            node_guess = max(node_guess, min(rate_guess, 8 * s.node_end))
+        return max(tokens, guess), max(nodes, min(2 * (n - i), node_guess))
 
     return plan
 
