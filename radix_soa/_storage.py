@@ -478,7 +478,7 @@ def resume(call, stores, plan=None):
             raise InvariantError("a kernel asked for room without saying how much")
 
 
-def batch_plan(batch, cursor, live0, grew, nodes0=None):
+def batch_plan(batch, cursor, live0, nodes0, grew):
     """A ``resume`` plan for a batch kernel with ``cursor``: after a stop,
     the tokens the batch has added so far per token it has read predict
     what the rest will add; the buffer grows to that (at least what the
@@ -502,7 +502,7 @@ def batch_plan(batch, cursor, live0, grew, nodes0=None):
         added = s.count("tokens") - live0  # live tokens: a compaction keeps them
         guess = tokens if done == 0 else min(remaining, max(0, added) * remaining // done * 3 // 2)
         node_guess = 2 * s.node_end
-        if nodes0 is not None and i > 0:  # x8 at most: an early stop has seen few sequences
+        if i > 0:  # x8 at most: an early stop has seen few sequences
             rate_guess = max(0, s.count("nodes") - nodes0) * (n - i) // i * 6 // 5
             node_guess = max(node_guess, min(rate_guess, 8 * s.node_end))
         return max(tokens, guess), max(nodes, min(2 * (n - i), node_guess))

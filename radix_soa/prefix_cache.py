@@ -535,8 +535,8 @@ class PrefixCache(ServingMixin, TreeCache):
             grew: list = []
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
                                              cap, cursor, cached, out, priority, ev),
-                  plan=batch_plan(b, cursor, s.count("tokens"), grew,
-                                  s.count("nodes")))
+                  plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"),
+                                  grew))
             if grew:
                 try:
                     s.trim_slack(_START_NODES, _START_TOKENS)

@@ -188,8 +188,8 @@ class RadixCache(TreeCache):
         s = self._s
         cursor = np.zeros(1, np.int64)
         s.run(lambda: KM.radix_insert_batch(s.T, s.root, b.flat, b.offsets, cursor, new),
-              plan=batch_plan(b, cursor, s.count("tokens"), grew,
-                              s.count("nodes")))
+              plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"),
+                              grew))
 
     def exists_batch(self, batch: BatchLike, parallel: Parallel = None, *,
                      progress: Progress = False) -> np.ndarray:
