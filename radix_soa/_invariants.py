@@ -7,7 +7,7 @@ cost O(1); ``full=True`` re-derives everything from the arrays.
 
 import numpy as np
 
-from ._kernels.layout import FREE, LOCK_LIMIT, MAX_LOAD, NO_NODE, TREE_FIELDS
+from ._kernels.layout import EMPTY, ENTRY_NODE_MASK, FREE, LOCK_LIMIT, MAX_LOAD, TREE_FIELDS
 from ._results import InvariantError
 from ._storage import roots_and_depths
 
@@ -49,10 +49,10 @@ def check_views(s):
     _require(len(s.T) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.T, tree)),
              "the kernels' tree tuple is the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.R, ("tokens", "start", "length", "parent", "term", "table"))),
+                 zip(s.R, ("tokens", "start", "length", "term", "table"))),
              "the lookup arguments are the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.M, ("tokens", "start", "length", "parent", "table"))),
+                 zip(s.M, ("tokens", "start", "length", "table"))),
              "the match arguments are the storage's arrays")
     ncap = tree.start.shape[0]
     _require(all(getattr(tree, n).shape[0] == ncap for n in s.per_node_arrays),
@@ -121,9 +121,17 @@ def check_bounds(s):
     _require(s.count("roots") == int(root.sum()), "the root count disagrees with the roots")
     _require(0 <= s.root < end and bool(root[s.root]), "the default root is not a root")
     table = t.table
-    _require(bool(np.all((table >= -1) & (table < end))), "a table entry is not a node id")
-    _require(int((table >= 0).sum()) == int(live.sum()), "the child table does not hold every node once")
-    _require(bool(np.any(table == -1)), "the child table has no empty slot")
+    _require(table.dtype == np.int64, "the child table is not int64")
+    filled = table >= 0
+    nodes = table[filled] & ENTRY_NODE_MASK
+    _require(bool(np.all(table[~filled] == EMPTY)), "an empty table slot is not -1")
+    _require(bool(np.all(nodes < end)), "a table entry is not a node id")
+    _require(int(filled.sum()) == int(live.sum()), "the child table does not hold every node once")
+    _require(bool(np.all(live[nodes])) and int(np.bincount(nodes, minlength=1).max(initial=0)) <= 1,
+             "the child table does not hold every node once")
+    _require(bool(np.array_equal(table[filled] >> 32, parent[nodes])),
+             "a table entry's parent is not its node's parent")
+    _require(bool(np.any(~filled)), "the child table has no empty slot")
     if s.track:
         hsize = s.count("heap_size")
         _require(0 <= hsize <= end, "the heap size lies outside the node ids")
@@ -183,9 +191,11 @@ def check_tree(s, full=True, canonical=False):
 
     # child table: every live non-root node exactly once, reachable by probing
     table = s.table
-    filled = table != NO_NODE
-    entries = table[filled].astype(np.int64)
+    filled = table != EMPTY
+    entries = table[filled] & ENTRY_NODE_MASK
     _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
+    _require(np.array_equal(table[filled] >> 32, parent[entries]),
+             "a table entry holds its node's parent")
     pages = _first_pages(s.tokens, start, entries, page)
     homes = (np_key_hash(parent[entries], pages) & _U(table.shape[0] - 1)).astype(np.int64)
     slots = np.flatnonzero(filled)

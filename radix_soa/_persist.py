@@ -33,9 +33,11 @@ from ._storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, Tr
                        high_water_marks, token_dtype)
 
 FORMAT = "radix_soa"
-VERSION = 2
-# version 1 kept 16 counter slots (the statistics lived in the header state)
-READABLE_VERSIONS = {1: 16, 2: META_SIZE}
+VERSION = 3
+# counter slots per version: version 1 kept 16 (the statistics lived in the
+# header state); versions 1 and 2 kept the child table as int32 node ids
+# (version 3: int64 entries ``parent << 32 | id``, see ``_kernels.table``)
+READABLE_VERSIONS = {1: 16, 2: META_SIZE, 3: META_SIZE}
 HEADER = "header.json"
 _ARRAY_NAMES = {"tokens", "values", "term", "table", "meta"} | set(NODE_FIELDS) | set(TRACK_FIELDS)
 # arrays too large to checksum on a memory-mapped load (it must stay instant)
@@ -283,6 +285,10 @@ def build_storage(path, header, arrays, mmap):
     table = arrays["table"]
     if table.shape[0] < 16 or table.shape[0] & (table.shape[0] - 1):
         _fail(path, "child table size is not a power of two")
+    if header["version"] < 3:
+        table = arrays["table"] = _entries_of_node_ids(path, table, arrays["parent"], end)
+    elif table.dtype != np.int64:
+        _fail(path, "child table is not int64")
     dtype = token_dtype(header["dtype"])
     has_values = bool(header.get("values"))
     if arrays["tokens"].dtype != dtype:
@@ -313,6 +319,22 @@ def build_storage(path, header, arrays, mmap):
     except InvariantError as exc:
         _fail(path, f"corrupted: {exc}")
     return s
+
+
+def _entries_of_node_ids(path, table, parent, end):
+    """A child table of node ids (int32, format versions 1 and 2) as this
+    version's entries, ``parent << 32 | id``. The ids are range-checked
+    here; whatever else is wrong (a root's or free node's id, a duplicate)
+    ``check_bounds`` refuses as in any table."""
+    if table.dtype != np.int32:
+        _fail(path, "child table is not int32 (format version 1 or 2)")
+    ids = table.astype(np.int64)
+    filled = ids >= 0
+    if np.any(ids[~filled] != -1) or np.any(ids[filled] >= end):
+        _fail(path, "corrupted: a table entry is not a node id")
+    entries = np.full(ids.shape[0], -1, np.int64)
+    entries[filled] = (parent[ids[filled]].astype(np.int64) << 32) | ids[filled]
+    return entries
 
 
 def _padded(arr, cap):

@@ -171,7 +171,7 @@ class TreeStorage:
         arrays = {"tokens": allocate(tcap, self.dtype),
                   "values": allocate(tcap if self.has_values else 0, np.int64),
                   "term": allocate((ncap + 7) // 8, np.uint8),
-                  "table": allocate(table_size_for(ncap), np.int32, L.NO_NODE),
+                  "table": allocate(table_size_for(ncap), np.int64, L.EMPTY),
                   "meta": allocate(L.META_SIZE, np.int64)}
         arrays.update({name: allocate(ncap, dt) for name, dt in NODE_DTYPES.items()})
         arrays.update({name: allocate(tn, dt) for name, dt in TRACK_DTYPES.items()})
@@ -206,7 +206,7 @@ class TreeStorage:
         - ``generation``: bumped by every publish, so a lock-free reader
           can tell that the arrays it read from were replaced;
         - ``T``: the same arrays as the plain tuple mutating kernels take;
-        - ``R``: ``(tokens, start, length, parent, term, table)``, what the
+        - ``R``: ``(tokens, start, length, term, table)``, what the
           batch ``exists`` reads; ``M``: the same without ``term``, what the
           batch ``match`` reads;
         - ``D``: the directory of every array the per-call entry kernels take
@@ -218,8 +218,8 @@ class TreeStorage:
         views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
         views["tree"] = tree
         views["T"] = tuple(tree)
-        views["R"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term, tree.table)
-        views["M"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.table)
+        views["R"] = (tree.tokens, tree.start, tree.length, tree.term, tree.table)
+        views["M"] = (tree.tokens, tree.start, tree.length, tree.table)
         views["D"] = KDir.directory_of(tree) if USE_DIRECTORY else views["T"]
         views["like"] = tree.tokens[:0]
         self.__dict__.update(views)
@@ -307,7 +307,7 @@ class TreeStorage:
         return out
 
     def _built_table(self, tree, size):
-        table = allocate(size, np.int32, L.NO_NODE)
+        table = allocate(size, np.int64, L.EMPTY)
         KT.table_rebuild(table, tree.tokens, tree.start, tree.length, tree.parent,
                          int(tree.meta[L.M_NODE_END]), self.page_size)
         return table

@@ -82,7 +82,8 @@ def write_header(path, header):
 
 def _as_version_1(path):
     """Rewrite a saved PrefixCache the way format version 1 stored it: 16
-    counter slots, statistics and roots in the header, roots' start 0."""
+    counter slots, statistics and roots in the header, roots' start 0, the
+    child table as int32 node ids."""
     header = json.loads((path / "header.json").read_text())
     meta = np.load(path / "meta.npy")
     stats = {name: int(meta[slot]) for name, slot in rs._kernels.layout.STAT_SLOTS.items()}
@@ -95,8 +96,10 @@ def _as_version_1(path):
     start[roots] = 0
     meta = meta[:16].copy()
     meta[13:] = 0
+    table = np.load(path / "table.npy")
+    table = np.where(table >= 0, table & 0xFFFFFFFF, -1).astype(np.int32)
     from radix_soa._persist import _crc
-    for name, arr in (("meta", meta), ("start", start)):
+    for name, arr in (("meta", meta), ("start", start), ("table", table)):
         np.save(path / f"{name}.npy", arr)
         header["arrays"][name] = {"dtype": arr.dtype.name, "length": int(arr.shape[0]),
                                   "crc32": _crc(arr)}

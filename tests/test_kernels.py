@@ -54,14 +54,23 @@ def test_match_and_exists_at_block_boundaries(n):
     assert rc.exists(seq)
 
 
+# the children's parent: a node id past theirs, so entries carry nonzero parent bits
+PARENT_ID = 7
+
+
 def _home(table, arr, pos):
-    return int(KT.key_hash(0, arr, pos, 1)) & (table.shape[0] - 1)
+    return int(KT.key_hash(PARENT_ID, arr, pos, 1)) & (table.shape[0] - 1)
+
+
+def _node(entry):
+    return int(entry) & ((1 << 32) - 1)
 
 
 def _table_with_wrapping_run(size=16, count=6):
-    """A child table of ``size`` slots holding ``count`` children of node 0
-    whose homes are the last two slots, so their probe run wraps to 0."""
-    table = np.full(size, -1, np.int32)
+    """A child table of ``size`` slots holding ``count`` children of node
+    PARENT_ID whose homes are the last two slots, so their probe run wraps
+    to 0."""
+    table = np.full(size, -1, np.int64)
     tokens = []
     t = 0
     while len(tokens) < count:
@@ -72,24 +81,33 @@ def _table_with_wrapping_run(size=16, count=6):
     ids = np.arange(1, count + 1)
     buf = np.array([0] + tokens, np.int64)  # node v's span starts at v
     start = np.arange(count + 1, dtype=np.int64)
-    parent = np.array([-1] + [0] * count, np.int32)
+    parent = np.array([-1] + [PARENT_ID] * count, np.int32)
     for c in ids:
         KT.table_put(table, buf, start, parent, c, 1)
     return table, buf, start, parent, ids
 
 
-def _reachable(table, buf, start, parent, ids):
+def _reachable(table, buf, start, ids):
     for c in ids:
-        if KT.find_child(table, buf, start, parent, 0, buf, int(start[c]), 1) != c:
+        if KT.find_child(table, buf, start, PARENT_ID, buf, int(start[c]), 1) != c:
             return False
     return True
+
+
+def test_a_table_entry_is_the_parent_above_the_node_id():
+    table, buf, start, parent, ids = _table_with_wrapping_run()
+    entries = table[table >= 0]
+    assert sorted(int(e) >> 32 for e in entries) == [PARENT_ID] * len(ids)
+    assert sorted(_node(e) for e in entries) == ids.tolist()
+    # another parent's child with the same first token is not a match
+    assert KT.find_child(table, buf, start, PARENT_ID + 1, buf, int(start[1]), 1) == -1
 
 
 def test_a_probe_run_that_wraps_around_the_table():
     table, buf, start, parent, ids = _table_with_wrapping_run()
     filled = np.flatnonzero(table >= 0).tolist()
     assert 0 in filled and 15 in filled  # the run wraps
-    assert _reachable(table, buf, start, parent, ids)
+    assert _reachable(table, buf, start, ids)
 
 
 @pytest.mark.parametrize("victim", range(6))
@@ -97,15 +115,15 @@ def test_backward_shift_delete_across_the_wrap(victim):
     table, buf, start, parent, ids = _table_with_wrapping_run()
     c = int(ids[victim])
     slot = KT.table_slot(table, buf, start, parent, c, 1)
-    KT.table_delete_slot(table, buf, start, parent, slot, 1)
+    KT.table_delete_slot(table, buf, start, slot, 1)
     rest = [int(x) for x in ids if x != c]
-    assert sorted(table[table >= 0].tolist()) == rest
-    assert _reachable(table, buf, start, parent, rest)
-    assert KT.find_child(table, buf, start, parent, 0, buf, int(start[c]), 1) == -1
+    assert sorted(_node(e) for e in table[table >= 0]) == rest
+    assert _reachable(table, buf, start, rest)
+    assert KT.find_child(table, buf, start, PARENT_ID, buf, int(start[c]), 1) == -1
     # no hole between any entry's home slot and its slot (cyclically)
     size = table.shape[0]
     for i in np.flatnonzero(table >= 0):
-        home = _home(table, buf, int(start[table[i]]))
+        home = _home(table, buf, int(start[_node(table[i])]))
         j = home
         while j != i:
             assert table[j] >= 0

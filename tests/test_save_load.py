@@ -193,6 +193,7 @@ DAMAGE = {
     "start 2^40": ("start", lambda a: np.where(np.arange(len(a)) == 1, 2**40, a)),
     "no empty table slot": ("table", lambda a: np.where(a == -1, 1, a).astype(a.dtype)),
     "table entry out of range": ("table", lambda a: np.where(a >= 0, a + 10**6, a).astype(a.dtype)),
+    "table entry under another parent": ("table", lambda a: np.where(a >= 0, a + (1 << 32), a)),
 }
 
 
@@ -217,6 +218,56 @@ def test_arrays_damaged_past_their_checksums_are_refused(tmp_path, what, mmap):
     _damage(tmp_path / "t", what)
     with pytest.raises(TreeFormatError, match="corrupted|inconsistent"):
         RadixCache.load(tmp_path / "t", mmap=mmap)
+
+
+def _as_format_2(path):
+    """Rewrite a saved tree as format version 2 wrote it: the child table as
+    int32 node ids, without the parents this version's entries carry."""
+    edit_array(path, "table", lambda a: np.where(a >= 0, a & 0xFFFFFFFF, -1).astype(np.int32))
+    header = read_header(path)
+    header["version"] = 2
+    write_header(path, header)
+
+
+@pytest.mark.parametrize("cls, make", [(RadixCache, small_tree), (PrefixCache, small_cache)])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_format_2_save_loads_with_its_table_entries_rebuilt(tmp_path, cls, make, mmap):
+    tree = make()
+    tree.save(tmp_path / "t")
+    _as_format_2(tmp_path / "t")
+    assert np.load(tmp_path / "t" / "table.npy").dtype == np.int32
+    loaded = cls.load(tmp_path / "t", mmap=mmap)
+    assert loaded._s.table.dtype == np.int64
+    assert np.array_equal(loaded._s.table, tree._s.table)  # the same entries, parents and all
+    loaded.check_invariants()
+    queries = [[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 9, 9], [1, 2, 3, 4], [1, 2, 7], [9, 9]]
+    if cls is RadixCache:
+        assert all(a.tolist() == b.tolist() for a, b in zip(loaded.to_csr(), tree.to_csr()))
+        assert loaded.exists_batch(queries).tolist() == tree.exists_batch(queries).tolist()
+    else:
+        assert loaded.match_length_batch(queries).tolist() == \
+            tree.match_length_batch(queries).tolist()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: np.where(a >= 0, a + 10**6, a), "not a node id"),  # an id past the nodes
+    (lambda a: np.where(a == -1, -5, a), "not a node id"),         # a negative id
+    (lambda a: a.astype(np.int64), "int32"),                        # a format 3 table
+])
+def test_a_damaged_format_2_table_is_refused(tmp_path, change, message):
+    small_tree().save(tmp_path / "t")
+    _as_format_2(tmp_path / "t")
+    edit_array(tmp_path / "t", "table", change)
+    with pytest.raises(TreeFormatError, match=message):
+        RadixCache.load(tmp_path / "t")
+
+
+def test_a_format_3_save_with_an_int32_table_is_refused(tmp_path):
+    small_tree().save(tmp_path / "t")
+    edit_array(tmp_path / "t", "table", lambda a: np.where(a >= 0, a & 0xFFFFFFFF, -1)
+               .astype(np.int32))
+    with pytest.raises(TreeFormatError, match="int64"):
+        RadixCache.load(tmp_path / "t")
 
 
 def test_heap_damage_is_refused(tmp_path):

@@ -2,7 +2,8 @@
 and ``match`` for one query and for a CSR batch (serial and ``prange``).
 
 Read-only kernels take the few arrays they read as arguments: ``tokens`` (the buffer), ``start`` int64,
-``length`` int32, ``parent`` int32, ``term`` uint8 bitmap, ``table`` int32.
+``length`` int32, ``term`` uint8 bitmap, ``table`` int64 (its entries hold
+each child's parent, so a descent never reads ``parent``).
 Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
 The single-query entries ``exists_at``/``match_at`` take the directory ``D``
@@ -14,7 +15,7 @@ from numba import prange
 
 from .config import kernel, kernel_parallel, kernel_scratch
 from .directory import tree_at
-from .layout import LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
+from .layout import ENTRY_NODE_MASK, LENGTH, NO_NODE, START, TABLE, TERM, TOKENS
 from .prefetch import prefetch
 from .table import find_child, home_slot, key_hash, probe_on, term_get
 
@@ -61,7 +62,7 @@ def span_match(tokens, start, length, c, q, at, rest, page):
 
 
 @kernel
-def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
+def descend(tokens, start, length, table, root, q, qs, qn, page):
     """Walk from ``root`` along ``q[qs:qs+qn]``.
 
     Returns ``(v, c, k, pos)``: ``v`` is the deepest node matched in full and
@@ -72,7 +73,7 @@ def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     v = root
     pos = 0
     while qn - pos >= page:
-        c = find_child(table, tokens, start, parent, v, q, qs + pos, page)
+        c = find_child(table, tokens, start, v, q, qs + pos, page)
         if c == NO_NODE:
             return v, NO_NODE, 0, pos
         L, k = span_match(tokens, start, length, c, q, qs + pos, qn - pos, page)
@@ -85,18 +86,18 @@ def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
 
 
 @kernel
-def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
+def exists_one(tokens, start, length, term, table, root, q, qs, qn):
     """True if ``q[qs:qs+qn]`` ends exactly at a terminal node."""
     if qn == 0:
         return False
-    v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, 1)
+    v, c, k, pos = descend(tokens, start, length, table, root, q, qs, qn, 1)
     return c == NO_NODE and pos == qn and term_get(term, v) == 1
 
 
 @kernel
-def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
+def match_one(tokens, start, length, table, root, q, qs, qn, page):
     """Tokens of ``q[qs:qs+qn]`` present as a path (whole pages)."""
-    v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, page)
+    v, c, k, pos = descend(tokens, start, length, table, root, q, qs, qn, page)
     return pos + k
 
 
@@ -104,7 +105,7 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
 def exists_at(D, like, root, q):
     """``exists_one`` of all of ``q`` on the tree at directory ``D``."""
     T = tree_at(D, like)
-    return exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q, 0,
+    return exists_one(T[TOKENS], T[START], T[LENGTH], T[TERM], T[TABLE], root, q, 0,
                       q.shape[0])
 
 
@@ -112,7 +113,7 @@ def exists_at(D, like, root, q):
 def match_at(D, like, root, q, page):
     """``match_one`` of all of ``q`` on the tree at directory ``D``."""
     T = tree_at(D, like)
-    return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
+    return match_one(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, 0,
                      q.shape[0], page)
 
 
@@ -142,18 +143,22 @@ def fetch_slot(table, v, q, at, page):
 
 
 @kernel
-def fetch_entry(table, start, length, parent, slot):
-    """Round 2: the entry at ``slot`` (returned), its node's span and
-    parent prefetched, and the parent of the next probe's entry."""
-    c = np.int64(table[slot])
+def fetch_entry(table, start, length, p, slot):
+    """Round 2: the entry at ``slot`` (returned) and, if it names a child of
+    ``p``, that node's span prefetched (an empty slot or another parent's
+    child: the probe goes on in the table, reading no node)."""
+    e = table[slot]
+    c = child_named(e, p)
     if c != NO_NODE:
         prefetch(start, c)
         prefetch(length, c)
-        prefetch(parent, c)
-        c2 = table[(slot + 1) & (table.shape[0] - 1)]  # the next probe, if c is not it
-        if c2 != NO_NODE:
-            prefetch(parent, c2)
-    return c
+    return e
+
+
+@kernel
+def child_named(e, p):
+    """The node table entry ``e`` holds if it is a child of ``p``, else -1."""
+    return e & ENTRY_NODE_MASK if e >> 32 == p else NO_NODE
 
 
 @kernel
@@ -203,7 +208,7 @@ def refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, 
 
 
 @kernel_scratch
-def descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, lo, hi, page,
+def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, hi, page,
                   exists, out_b, out_i):
     """Answer queries ``lo..hi`` of a CSR batch: ``exists`` (into ``out_b``)
     or ``match`` with ``page`` (into ``out_i``), GROUP queries interleaved."""
@@ -227,9 +232,9 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
                 slot[g] = fetch_slot(table, v[g], flat, qs[g] + pos[g], page)
         for g in range(GROUP):
             if lane[g] >= 0:
-                node[g] = fetch_entry(table, start, length, parent, slot[g])
+                node[g] = fetch_entry(table, start, length, v[g], slot[g])
         for g in range(GROUP):
-            c = node[g]
+            c = child_named(node[g], v[g])
             if lane[g] >= 0 and c != NO_NODE:
                 rest = qn[g] - pos[g]
                 fetch_span(tokens, start, length, c, rest)
@@ -240,7 +245,7 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
                 continue
             p = v[g]
             at = qs[g] + pos[g]
-            c = probe_on(table, tokens, start, parent, slot[g], node[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, slot[g], node[g], p, flat, at, page)
             done = True
             if c == NO_NODE:
                 settle(exists, term, out_b, out_i, lane[g], qn[g], p, NO_NODE, 0, pos[g])
@@ -263,7 +268,7 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
 
 
 @kernel
-def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo, m, page, rv, rc,
+def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page, rv, rc,
                   rk, rpos, walk, slot, node):
     """``descend`` of queries ``lo .. lo+m-1`` of a CSR batch (``m <= GROUP``),
     interleaved as in ``descend_lanes``: query ``lo+g``'s ``(v, c, k, pos)``
@@ -286,9 +291,9 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
                 slot[g] = fetch_slot(table, rv[g], flat, offsets[lo + g] + rpos[g], page)
         for g in range(m):
             if walk[g]:
-                node[g] = fetch_entry(table, start, length, parent, slot[g])
+                node[g] = fetch_entry(table, start, length, rv[g], slot[g])
         for g in range(m):
-            c = node[g]
+            c = child_named(node[g], rv[g])
             if walk[g] and c != NO_NODE:
                 fetch_span(tokens, start, length, c,
                            offsets[lo + g + 1] - offsets[lo + g] - rpos[g])
@@ -299,7 +304,7 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
             qs = offsets[lo + g]
             qn = offsets[lo + g + 1] - qs
             at = qs + rpos[g]
-            c = probe_on(table, tokens, start, parent, slot[g], node[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, slot[g], node[g], p, flat, at, page)
             if c == NO_NODE:
                 walk[g] = 0
             else:
@@ -318,35 +323,35 @@ def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo,
 
 
 @kernel_scratch
-def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
+def exists_batch(tokens, start, length, term, table, root, flat, offsets, out):
     """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,
     ``offsets`` int64 of n + 1; ``out`` bool of n, caller-allocated)."""
-    descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, 0,
+    descend_lanes(tokens, start, length, term, table, root, flat, offsets, 0,
                   offsets.shape[0] - 1, 1, True, out, np.empty(0, np.int64))
 
 
 @kernel_parallel
-def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat, offsets, out):
+def exists_batch_parallel(tokens, start, length, term, table, root, flat, offsets, out):
     """``exists_batch`` on Numba's threads."""
     n = offsets.shape[0] - 1
     for t in prange((n + CHUNK - 1) // CHUNK):
-        descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets,
+        descend_lanes(tokens, start, length, term, table, root, flat, offsets,
                       t * CHUNK, min(n, (t + 1) * CHUNK), 1, True, out, np.empty(0, np.int64))
 
 
 @kernel_scratch
-def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
+def match_batch(tokens, start, length, table, root, flat, offsets, page, out):
     """``out[i] = match_one(sequence i)`` for a CSR batch (``out`` int64 of n,
     caller-allocated)."""
-    descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
+    descend_lanes(tokens, start, length, np.empty(0, np.uint8), table, root, flat,
                   offsets, 0, offsets.shape[0] - 1, page, False, np.empty(0, np.bool_), out)
 
 
 @kernel_parallel
-def match_batch_parallel(tokens, start, length, parent, table, root, flat, offsets, page, out):
+def match_batch_parallel(tokens, start, length, table, root, flat, offsets, page, out):
     """``match_batch`` on Numba's threads."""
     n = offsets.shape[0] - 1
     for t in prange((n + CHUNK - 1) // CHUNK):
-        descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
+        descend_lanes(tokens, start, length, np.empty(0, np.uint8), table, root, flat,
                       offsets, t * CHUNK, min(n, (t + 1) * CHUNK), page, False,
                       np.empty(0, np.bool_), out)

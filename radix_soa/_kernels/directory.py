@@ -104,7 +104,7 @@ def _tree_at(D, like):
                 view_at(D[10], D[11], np.int32),   # nchild
                 view_at(D[12], D[13], np.int32),   # cxor
                 view_at(D[14], D[15], np.uint8),   # term
-                view_at(D[16], D[17], np.int32),   # table
+                view_at(D[16], D[17], np.int64),   # table
                 view_at(D[18], D[19], np.int32),   # lock
                 view_at(D[20], D[21], np.int64),   # stamp
                 view_at(D[22], D[23], np.int32),   # hpos

@@ -20,7 +20,8 @@ parent     int32   parent id; -1 for a root (one root per namespace)
 nchild     int32   number of children
 cxor       int32   XOR of the children's ids (the only child when nchild == 1)
 term       uint8   terminal bitmap, one bit per node
-table      int32   child hash table keyed by (parent, first page); -1 empty
+table      int64   child hash table keyed by (parent, first page): entries
+                   ``parent << 32 | id``; -1 empty
 lock       int32   locks on the node's subtree (prefix cache; else empty)
 stamp      int64   eviction key: the policy's score, lowest first (prefix cache)
 hpos       int32   position in the eviction heap, or -1 (prefix cache)
@@ -46,7 +47,7 @@ TRACK_FIELDS = ("lock", "stamp", "hpos", "heap", "gen", "own")
 
 # the dtype of every field but ``tokens`` (the tree's choice), as NumPy names
 FIELD_DTYPES = {"values": "int64", "start": "int64", "length": "int32", "parent": "int32",
-                "nchild": "int32", "cxor": "int32", "term": "uint8", "table": "int32",
+                "nchild": "int32", "cxor": "int32", "term": "uint8", "table": "int64",
                 "lock": "int32", "stamp": "int64", "hpos": "int32", "heap": "int32",
                 "gen": "uint32", "own": "int32", "meta": "int64"}
 
@@ -81,6 +82,8 @@ STAT_SLOTS = {"lookups": M_LOOKUPS, "query_tokens": M_QUERY_TOKENS, "hit_tokens"
 
 FREE = -1           # length of a free node
 NO_NODE = -1
+EMPTY = -1          # an empty child-table slot (a filled one is >= 0)
+ENTRY_NODE_MASK = (1 << 32) - 1  # the node id bits of a table entry (its parent above)
 
 # the child table is kept at or under this load (LOAD_NUM / LOAD_DEN)
 LOAD_NUM = 7

@@ -12,8 +12,7 @@ kept in ``state`` says where to go on.
 
 from .config import kernel, kernel_nogil
 from .descent import common, match_one
-from .layout import (DONE, HEAP, LENGTH, META, M_CLOCK, M_TOKENS, PARENT, START, TABLE, TOKENS,
-                     VALUES)
+from .layout import (DONE, HEAP, LENGTH, META, M_CLOCK, M_TOKENS, START, TABLE, TOKENS, VALUES)
 from .mutation import extend
 from .prefix import insert_capped, path_unlocked, pc_evict, pc_lock, pc_match, room_needed
 from .table import has_room, need_room
@@ -109,7 +108,7 @@ def lpm_pick(Td, roots, flat, offsets, win, state, window, page):
             continue
         qs = offsets[i]
         qn = offsets[i + 1] - qs
-        L = match_one(Td[TOKENS], Td[START], Td[LENGTH], Td[PARENT], Td[TABLE], roots[i], flat,
+        L = match_one(Td[TOKENS], Td[START], Td[LENGTH], Td[TABLE], roots[i], flat,
                       qs, qn - qn % page, page)
         if L > best_len or (L == best_len and i < best):
             best = i

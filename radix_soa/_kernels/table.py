@@ -1,16 +1,22 @@
 """Hashing, the child hash table, the terminal bitmap and the room check.
 
-The table holds int32 node ids keyed by ``(parent, first page of the span)``,
-power-of-two sized, linear probing, backward-shift deletion, load at most
-``LOAD_NUM / LOAD_DEN``. Keys are mixed with splitmix64 in pure uint64
-arithmetic (Numba's hash of an int is the int itself).
+The table holds one int64 entry per non-root node, keyed by ``(parent,
+first page of the span)``: ``parent << 32 | id`` (``entry_of``), -1 for an
+empty slot; power-of-two sized, linear probing, backward-shift deletion,
+load at most ``LOAD_NUM / LOAD_DEN``. The parent in the entry lets a probe
+pass over other parents' children, and check its own, without reading the
+node arrays: on a tree past the cache that is one dependent miss less per
+node visited, and none per entry probed past. Keys are mixed with
+splitmix64 in pure uint64 arithmetic (Numba's hash of an int is the int
+itself).
 """
 
 import numpy as np
 
 from .config import kernel
-from .layout import (LOAD_DEN, LOAD_NUM, META, M_NEED_NODES, M_NEED_TOKENS, M_NODE_END,
-                     M_NODES, M_FREE_COUNT, M_TOK_USED, NO_NODE, ROOM, START, TABLE, TOKENS)
+from .layout import (EMPTY, ENTRY_NODE_MASK, LOAD_DEN, LOAD_NUM, META, M_NEED_NODES,
+                     M_NEED_TOKENS, M_NODE_END, M_NODES, M_FREE_COUNT, M_TOK_USED, NO_NODE, ROOM,
+                     START, TABLE, TOKENS)
 from .prefetch import prefetch
 
 # table_rebuild prefetches the home slot of the node this many ids ahead
@@ -43,19 +49,32 @@ def home_slot(table, h):
 
 
 @kernel
-def find_child(table, tokens, start, parent, p, q, pos, page):
-    """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
-    i = home_slot(table, key_hash(p, q, pos, page))
-    return probe_on(table, tokens, start, parent, i, np.int64(table[i]), p, q, pos, page)
+def entry_of(p, c):
+    """The table entry of node ``c`` under parent ``p`` (both >= 0)."""
+    return (np.int64(p) << 32) | np.int64(c)
 
 
 @kernel
-def probe_on(table, tokens, start, parent, i, c, p, q, pos, page):
-    """``find_child``'s probe from slot ``i``, whose entry ``c`` was read
+def entry_node(e):
+    """The node id of a (filled) table entry."""
+    return e & ENTRY_NODE_MASK
+
+
+@kernel
+def find_child(table, tokens, start, p, q, pos, page):
+    """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
+    i = home_slot(table, key_hash(p, q, pos, page))
+    return probe_on(table, tokens, start, i, table[i], p, q, pos, page)
+
+
+@kernel
+def probe_on(table, tokens, start, i, e, p, q, pos, page):
+    """``find_child``'s probe from slot ``i``, whose entry ``e`` was read
     already (the batch walkers read it a round ahead, to prefetch)."""
     mask = table.shape[0] - 1
-    while c != NO_NODE:
-        if parent[c] == p:
+    while e != EMPTY:
+        if e >> 32 == p:  # a child of p: compare its first page
+            c = e & ENTRY_NODE_MASK
             s = start[c]
             same = True
             for j in range(page):
@@ -65,56 +84,59 @@ def probe_on(table, tokens, start, parent, i, c, p, q, pos, page):
             if same:
                 return c
         i = (i + 1) & mask
-        c = np.int64(table[i])
+        e = table[i]
     return NO_NODE
 
 
 @kernel
 def table_put(table, tokens, start, parent, c, page):
     mask = table.shape[0] - 1
-    i = home_slot(table, key_hash(parent[c], tokens, start[c], page))
-    while table[i] != NO_NODE:
+    p = parent[c]
+    i = home_slot(table, key_hash(p, tokens, start[c], page))
+    while table[i] != EMPTY:
         i = (i + 1) & mask
-    table[i] = c
+    table[i] = entry_of(p, c)
 
 
 @kernel
 def table_slot(table, tokens, start, parent, c, page):
     """Slot holding node ``c`` (which must be in the table)."""
     mask = table.shape[0] - 1
-    i = home_slot(table, key_hash(parent[c], tokens, start[c], page))
-    while table[i] != c:
+    p = parent[c]
+    i = home_slot(table, key_hash(p, tokens, start[c], page))
+    e = entry_of(p, c)
+    while table[i] != e:
         i = (i + 1) & mask
     return i
 
 
 @kernel
-def table_delete_slot(table, tokens, start, parent, i, page):
+def table_delete_slot(table, tokens, start, i, page):
     """Empty slot ``i`` and shift later entries of its probe run back."""
     mask = table.shape[0] - 1
     j = i
     while True:
         j = (j + 1) & mask
-        c = table[j]
-        if c == NO_NODE:
+        e = table[j]
+        if e == EMPTY:
             break
-        home = home_slot(table, key_hash(parent[c], tokens, start[c], page))
-        # c may fill the hole at i unless its home lies cyclically in (i, j]
+        home = home_slot(table, key_hash(e >> 32, tokens, start[e & ENTRY_NODE_MASK], page))
+        # e may fill the hole at i unless its home lies cyclically in (i, j]
         if i <= j:
             movable = home <= i or home > j
         else:
             movable = home <= i and home > j
         if movable:
-            table[i] = c
+            table[i] = e
             i = j
-    table[i] = NO_NODE
+    table[i] = EMPTY
 
 
 @kernel
 def table_rebuild(table, tokens, start, length, parent, node_end, page):
     """Fill ``table`` (all -1) with every live non-root node below ``node_end``.
 
-    ``table``: int32, power-of-two length, allocated by the caller. The
+    ``table``: int64, power-of-two length, allocated by the caller. The
     home slot of the node ``AHEAD`` ids on is prefetched before each put (a
     table past the cache is otherwise one miss per node, one after another);
     the fill order, and so the table, is the plain loop's."""
