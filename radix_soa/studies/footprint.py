@@ -142,8 +142,8 @@ def compare_footprint(seqs, *, dtypes=("int64", "int32")):
     >>> print(t)  # doctest: +SKIP
     3 sequences (2 distinct), 12 tokens inserted, 5 stored (2.40x prefix sharing)
     structure             bytes  allocated  B/stored tok  B/inserted tok  nodes  build s  measured
-    RadixCache int64        393      2,690         78.60           32.75      3    0.000  arrays
-    RadixCache int32        373      1,666         74.60           31.08      3    0.000  arrays
+    RadixCache int64        649      2,946        129.80           54.08      3    0.000  arrays
+    RadixCache int32        629      1,922        125.80           52.42      3    0.000  arrays
     token trie              233        354         46.60           19.42      5    0.000  arrays
     sequence hash set       248      2,344         49.60           20.67      -    0.000  arrays
     Python set of tuples    360          -         72.00           30.00      -    0.000  tracemalloc
