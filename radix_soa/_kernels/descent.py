@@ -15,9 +15,9 @@ from numba import prange
 
 from .config import kernel, kernel_parallel, kernel_scratch
 from .directory import tree_at
-from .layout import ENTRY_NODE_MASK, LENGTH, NO_NODE, START, TABLE, TERM, TOKENS
+from .layout import LENGTH, NO_NODE, START, TABLE, TERM, TOKENS
 from .prefetch import prefetch
-from .table import find_child, home_slot, key_hash, probe_on, term_get
+from .table import child_named, find_child, home_slot, key_hash, probe_on, term_get
 
 
 @kernel
@@ -119,8 +119,8 @@ def match_at(D, like, root, q, page):
 
 # Read-only batch loops walk GROUP queries at a time (``descend_lanes``): each
 # round computes every walking query's next table slot and prefetches it,
-# then reads the slots and prefetches the children's node entries, then
-# their first tokens, and only then compares, so the cache misses of a
+# then reads the slots' entries and prefetches the span of the child each
+# names (if a child of the walking node), then their first tokens, and only then compares, so the cache misses of a
 # group's queries overlap instead of following one another (on a tree past
 # the last-level cache a lone descent is a chain of dependent misses). The
 # answers are those of exists_one/match_one query by query. The serial
@@ -153,12 +153,6 @@ def fetch_entry(table, start, length, p, slot):
         prefetch(start, c)
         prefetch(length, c)
     return e
-
-
-@kernel
-def child_named(e, p):
-    """The node table entry ``e`` holds if it is a child of ``p``, else -1."""
-    return e & ENTRY_NODE_MASK if e >> 32 == p else NO_NODE
 
 
 @kernel
@@ -218,7 +212,7 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
     v = np.empty(GROUP, np.int64)
     pos = np.empty(GROUP, np.int64)
     slot = np.empty(GROUP, np.int64)
-    node = np.empty(GROUP, np.int64)
+    entry = np.empty(GROUP, np.int64)
     nxt = lo
     live = 0
     for g in range(GROUP):
@@ -232,9 +226,9 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
                 slot[g] = fetch_slot(table, v[g], flat, qs[g] + pos[g], page)
         for g in range(GROUP):
             if lane[g] >= 0:
-                node[g] = fetch_entry(table, start, length, v[g], slot[g])
+                entry[g] = fetch_entry(table, start, length, v[g], slot[g])
         for g in range(GROUP):
-            c = child_named(node[g], v[g])
+            c = child_named(entry[g], v[g])
             if lane[g] >= 0 and c != NO_NODE:
                 rest = qn[g] - pos[g]
                 fetch_span(tokens, start, length, c, rest)
@@ -245,7 +239,7 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
                 continue
             p = v[g]
             at = qs[g] + pos[g]
-            c = probe_on(table, tokens, start, slot[g], node[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, slot[g], entry[g], p, flat, at, page)
             done = True
             if c == NO_NODE:
                 settle(exists, term, out_b, out_i, lane[g], qn[g], p, NO_NODE, 0, pos[g])
@@ -269,10 +263,10 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
 
 @kernel
 def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page, rv, rc,
-                  rk, rpos, walk, slot, node):
+                  rk, rpos, walk, slot, entry):
     """``descend`` of queries ``lo .. lo+m-1`` of a CSR batch (``m <= GROUP``),
     interleaved as in ``descend_lanes``: query ``lo+g``'s ``(v, c, k, pos)``
-    goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``node``:
+    goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``entry``:
     scratch of ``GROUP`` (int64). For a batch insert, which reads its
     group's descents first and then changes the tree item by item."""
     live = 0
@@ -291,9 +285,9 @@ def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page
                 slot[g] = fetch_slot(table, rv[g], flat, offsets[lo + g] + rpos[g], page)
         for g in range(m):
             if walk[g]:
-                node[g] = fetch_entry(table, start, length, rv[g], slot[g])
+                entry[g] = fetch_entry(table, start, length, rv[g], slot[g])
         for g in range(m):
-            c = child_named(node[g], rv[g])
+            c = child_named(entry[g], rv[g])
             if walk[g] and c != NO_NODE:
                 fetch_span(tokens, start, length, c,
                            offsets[lo + g + 1] - offsets[lo + g] - rpos[g])
@@ -304,7 +298,7 @@ def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page
             qs = offsets[lo + g]
             qn = offsets[lo + g + 1] - qs
             at = qs + rpos[g]
-            c = probe_on(table, tokens, start, slot[g], node[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, slot[g], entry[g], p, flat, at, page)
             if c == NO_NODE:
                 walk[g] = 0
             else:

@@ -241,13 +241,13 @@ def radix_insert_batch(T, root, flat, offsets, cursor, new):
     rpos = np.empty(GROUP, np.int64)
     walk = np.empty(GROUP, np.int64)
     slot = np.empty(GROUP, np.int64)
-    node = np.empty(GROUP, np.int64)
+    entry = np.empty(GROUP, np.int64)
     hung = np.empty(GROUP, np.int64)  # nodes this group hung a leaf on
     i = cursor[0]
     while i < n:
         m = min(GROUP, n - i)
         descend_group(tokens, start, length, table, root, flat, offsets, i, m, 1, rv, rc,
-                      rk, rpos, walk, slot, node)
+                      rk, rpos, walk, slot, entry)
         nh = 0
         split_seen = False
         for g in range(m):

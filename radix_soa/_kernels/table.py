@@ -55,9 +55,10 @@ def entry_of(p, c):
 
 
 @kernel
-def entry_node(e):
-    """The node id of a (filled) table entry."""
-    return e & ENTRY_NODE_MASK
+def child_named(e, p):
+    """The node table entry ``e`` holds if it is a child of ``p``, else -1
+    (``e`` an empty slot or another parent's child)."""
+    return e & ENTRY_NODE_MASK if e >> 32 == p else NO_NODE
 
 
 @kernel
@@ -73,8 +74,8 @@ def probe_on(table, tokens, start, i, e, p, q, pos, page):
     already (the batch walkers read it a round ahead, to prefetch)."""
     mask = table.shape[0] - 1
     while e != EMPTY:
-        if e >> 32 == p:  # a child of p: compare its first page
-            c = e & ENTRY_NODE_MASK
+        c = child_named(e, p)
+        if c != NO_NODE:  # a child of p: compare its first page
             s = start[c]
             same = True
             for j in range(page):
