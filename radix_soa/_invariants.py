@@ -90,6 +90,9 @@ def check_bounds(s):
     _require(bool(np.all(free | root | ((length > 0) & (parent >= 0) & (parent < end)))),
          "a node is neither free, a root, nor a span with a parent")
     _require(bool(np.all(parent[free] == -2)), "a free node has a parent")
+    # no cycle in the parents: a walk up from any node ends at a root
+    up, _ = roots_and_depths(parent, live)
+    _require(bool(np.all(root[up] | ~live)), "a node does not reach a root (its parents form a cycle)")
     _require(bool(np.all((start[live] >= 0) & (start[live] + length[live] <= tok))),
          "a span points outside the token buffer")
     _require(bool(np.all(~free[parent[live]])), "a live node hangs off a free node")
@@ -177,10 +180,6 @@ def check_tree(s, full=True, canonical=False):
     cx = np.zeros(end, np.int64)
     np.bitwise_xor.at(cx, par, ids)
     _require(np.array_equal(cx[~free], s.cxor[:end].astype(np.int64)[~free]), "cxor is the xor of the children")
-
-    # every live node reaches a root (no cycles): pointer jumping
-    up, _ = roots_and_depths(parent, live)
-    _require(np.all(root[up] | free), "every node reaches a root")
 
     # spans (inside the used buffer: check_bounds) pairwise disjoint
     st = start[ids]

@@ -103,6 +103,12 @@ def test_a_table_entry_is_the_parent_above_the_node_id():
     assert KT.find_child(table, buf, start, PARENT_ID + 1, buf, int(start[1]), 1) == -1
 
 
+def test_an_empty_slot_names_no_child_even_of_a_roots_parent():
+    # an empty slot's parent bits read as -1, a root's parent: still no child
+    assert KT.child_named(-1, -1) == -1 and KT.child_named(-1, 0) == -1
+    assert KT.child_named(KT.entry_of(3, 9), 3) == 9 and KT.child_named(KT.entry_of(3, 9), 4) == -1
+
+
 def test_a_probe_run_that_wraps_around_the_table():
     table, buf, start, parent, ids = _table_with_wrapping_run()
     filled = np.flatnonzero(table >= 0).tolist()

@@ -270,6 +270,25 @@ def test_a_format_3_save_with_an_int32_table_is_refused(tmp_path):
         RadixCache.load(tmp_path / "t")
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_parents_that_form_a_cycle_are_refused(tmp_path, mmap):
+    # two leaves made each other's parent, their table entries agreeing: every
+    # entry, count and span checks out, but a walk up from either never ends
+    small_tree().save(tmp_path / "t")
+    parent, length = np.load(tmp_path / "t" / "parent.npy"), np.load(tmp_path / "t" / "length.npy")
+    nchild = np.load(tmp_path / "t" / "nchild.npy")
+    x, y = [int(v) for v in np.flatnonzero((length > 0) & (nchild == 0))[:2]]
+    edit_array(tmp_path / "t", "parent",
+               lambda a: np.where(np.arange(len(a)) == x, y, np.where(np.arange(len(a)) == y, x, a))
+               .astype(a.dtype))
+    owner = {x: y, y: x}
+    edit_array(tmp_path / "t", "table", lambda a: np.array(
+        [(owner[int(e) & 0xFFFFFFFF] << 32 | int(e) & 0xFFFFFFFF)
+         if e >= 0 and int(e) & 0xFFFFFFFF in owner else int(e) for e in a], np.int64))
+    with pytest.raises(TreeFormatError, match="reach a root"):
+        RadixCache.load(tmp_path / "t", mmap=mmap)
+
+
 def test_heap_damage_is_refused(tmp_path):
     small_cache().save(tmp_path / "t")
     edit_array(tmp_path / "t", "heap", lambda a: a * 0 + 10**6)

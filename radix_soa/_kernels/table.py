@@ -57,8 +57,9 @@ def entry_of(p, c):
 @kernel
 def child_named(e, p):
     """The node table entry ``e`` holds if it is a child of ``p``, else -1
-    (``e`` an empty slot or another parent's child)."""
-    return e & ENTRY_NODE_MASK if e >> 32 == p else NO_NODE
+    (``e`` an empty slot or another parent's child; -1 for any ``e`` when
+    ``p`` is -1, a root's parent)."""
+    return e & ENTRY_NODE_MASK if e >= 0 and e >> 32 == p else NO_NODE
 
 
 @kernel
