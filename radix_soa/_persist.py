@@ -323,17 +323,20 @@ def build_storage(path, header, arrays, mmap):
 
 def _entries_of_node_ids(path, table, parent, end):
     """A child table of node ids (int32, format versions 1 and 2) as this
-    version's entries, ``parent << 32 | id``. The ids are range-checked
-    here; whatever else is wrong (a root's or free node's id, a duplicate)
-    ``check_bounds`` refuses as in any table."""
+    version's entries, ``parent << 32 | id``. The ids are checked to name
+    nodes with a parent here; whatever else is wrong (a duplicate, a
+    misplaced entry) ``check_bounds`` refuses as in any table."""
     if table.dtype != np.int32:
         _fail(path, "child table is not int32 (format version 1 or 2)")
     ids = table.astype(np.int64)
     filled = ids >= 0
     if np.any(ids[~filled] != -1) or np.any(ids[filled] >= end):
         _fail(path, "corrupted: a table entry is not a node id")
+    parents = parent[ids[filled]].astype(np.int64)
+    if np.any(parents < 0):
+        _fail(path, "corrupted: a table entry names a root or a free node")
     entries = np.full(ids.shape[0], -1, np.int64)
-    entries[filled] = (parent[ids[filled]].astype(np.int64) << 32) | ids[filled]
+    entries[filled] = (parents << 32) | ids[filled]
     return entries
 
 

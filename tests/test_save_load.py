@@ -252,6 +252,7 @@ def test_a_format_2_save_loads_with_its_table_entries_rebuilt(tmp_path, cls, mak
 @pytest.mark.parametrize("change, message", [
     (lambda a: np.where(a >= 0, a + 10**6, a), "not a node id"),  # an id past the nodes
     (lambda a: np.where(a == -1, -5, a), "not a node id"),         # a negative id
+    (lambda a: np.where(a >= 0, 0, a), "a root"),                  # the default root's id
     (lambda a: a.astype(np.int64), "int32"),                        # a format 3 table
 ])
 def test_a_damaged_format_2_table_is_refused(tmp_path, change, message):
