@@ -4,7 +4,7 @@ from hypothesis import given, strategies as st
 
 import radix_soa as rs
 from radix_soa import Batch, RadixCache, _storage, pack
-from radix_soa._kernels.layout import NO_NODE
+from radix_soa._kernels.layout import EMPTY
 
 from naive import NaiveSequenceSet
 
@@ -247,7 +247,7 @@ def test_a_large_batch_rebuilds_the_child_table_a_few_times_not_per_doubling(kin
     real = _storage.allocate
 
     def recording(n, dtype, fill=0):
-        if fill == NO_NODE:
+        if fill == EMPTY:  # only the child table is filled with EMPTY
             tables.append(n)
         return real(n, dtype, fill)
 
