@@ -456,8 +456,8 @@ def serve(pc, requests, output_len, pool):
     for q in requests:
         r = pc.begin(q)
         need = q.shape[0] - r.cached + output_len
-        if need > pool.top:
-            pool.give(pc.evict(need - pool.top).values)
+        if need > pool.top:  # evicted slots land on the pool's free end in place
+            pool.top += pc.evict(need - pool.top, out=pool.free[pool.top:]).num_tokens
         slots = np.concatenate([r.values, pool.take(need)])
         done = pc.finish(r, np.concatenate([q, outputs]), slots)
         pool.give(done.free)

@@ -209,15 +209,20 @@ def compare(sg, name, requests, repeat):
 
 
 def compare_evict(sg, S, repeat, first=100_000, later=64):
-    ours_first, theirs_first, ours_later, theirs_later = [], [], [], []
+    ours_first, ours_pool, theirs_first, ours_later, theirs_later = [], [], [], [], []
+    pool = np.arange(first, dtype=np.int64)  # a slot pool's free end: written before
     for _ in range(repeat):
         t, pc = S.built()
         theirs_first.append(_per_call(lambda: t.evict(sg.EvictParams(num_tokens=first)), 1, 1))
         ours_first.append(_per_call(lambda: pc.evict(first), 1, 1))
+        pc = rs.PrefixCache()
+        S.ours_insert(pc)
+        ours_pool.append(_per_call(lambda: pc.evict(first, out=pool), 1, 1))
         theirs_later.append(_per_call(
             lambda: [t.evict(sg.EvictParams(num_tokens=later)) for _ in range(50)], 50, 1))
         ours_later.append(_per_call(lambda: [pc.evict(later) for _ in range(50)], 50, 1))
     _row(f"evict {first:,} tokens, first call after a build", _med(ours_first), _med(theirs_first))
+    _row("  the same, into a slot pool (out=)", _med(ours_pool), _med(theirs_first))
     _row(f"evict {later} tokens, later calls", _med(ours_later), _med(theirs_later))
 
 

@@ -679,16 +679,34 @@ class PrefixCache(ServingMixin, TreeCache):
             return -1, 0
         return v, gen
 
-    def evict(self, num_tokens: int) -> EvictResult:
+    def evict(self, num_tokens: int, out: Optional[np.ndarray] = None) -> EvictResult:
         """Free ``num_tokens`` (rounded up to whole pages; fewer only if fewer
         are evictable) from the tails of the unlocked leaves the eviction
-        policy scores lowest (least recently used by default): ``EvictResult(num_tokens, values)`` with the freed values."""
+        policy scores lowest (least recently used by default):
+        ``EvictResult(num_tokens, values)`` with the freed values.
+
+        ``out``: a writable, C-contiguous int64 array the freed values are
+        written to (``values`` is then ``out[:num_tokens]``), e.g. the free
+        end of a slot pool, so nothing is allocated. It needs room for
+        ``num_tokens`` rounded up to whole pages (or for every evictable
+        token, if fewer); a cache without values takes no ``out``.
+
+        >>> import numpy as np
+        >>> from radix_soa import PrefixCache
+        >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3], values=[7, 8, 9])
+        >>> pool = np.zeros(4, np.int64)
+        >>> e = pc.evict(2, out=pool[1:])
+        >>> e.num_tokens, pool.tolist()
+        (2, [0, 8, 9, 0])
+        """
         s = self._s
         if s.readonly:
             self._writable()
         n = num_tokens
         if type(n) is not int or not 0 <= n <= MAX_COUNT:
             n = check_int("num_tokens", num_tokens, minimum=0)
+        if out is not None:
+            self._check_evict_out(out)
         page = self._page
         with self._lock:
             if self._readers:
@@ -696,10 +714,24 @@ class PrefixCache(ServingMixin, TreeCache):
             s = self._s  # under the lock: a reset() may have replaced it
             meta = s.meta
             bound = min(-(-n // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
-            out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
+            if out is None:
+                out = np.empty(bound, np.int64) if s.has_values else _NO_VALUES
+            elif out.shape[0] < bound:
+                raise ValueError(f"out has room for {out.shape[0]} values; this evict frees "
+                                 f"up to {bound}")
             ev = None if self._events is None else self._events.ev(self, 4 * (bound // page) + 8)
             freed = KP.pc_evict_one(s.D, s.like, n, page, out, ev)
         return self._evicted(freed, out)
+
+    def _check_evict_out(self, out):
+        if not self._s.has_values:
+            raise ValueError("this cache keeps no values (values=False); pass out=None")
+        if type(out) is not np.ndarray:
+            raise TypeError(f"out must be a NumPy int64 array; got {type(out).__name__}")
+        if out.dtype != _INT64 or out.ndim != 1:
+            raise ValueError(f"out must be a 1-D int64 array; got {out.ndim}-D {out.dtype}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be C-contiguous and writable")
 
     # ------------------------------------------------------------ state
     def _extra_state(self):

@@ -173,6 +173,47 @@ def test_parent_becomes_a_candidate_when_its_last_child_goes():
     assert pc.evict(3).values.tolist() == [3, 1, 2]  # each trim in token order
 
 
+def test_evict_into_out_writes_the_values_in_place():
+    pc = PrefixCache(page_size=2)
+    pc.insert([1, 2, 3, 4], values=[10, 20, 30, 40])
+    pool = np.full(6, -1, np.int64)
+    e = pc.evict(1, out=pool[3:])  # one token rounds up to a page: room for 2
+    assert e.num_tokens == 2 and e.values.tolist() == [30, 40]
+    assert pool.tolist() == [-1, -1, -1, 30, 40, -1]
+    assert np.shares_memory(e.values, pool)
+    e = pc.evict(100, out=np.empty(2, np.int64))  # only 2 more are evictable
+    assert e.values.tolist() == [10, 20] and pc.total_tokens == 0
+    pc.check_invariants()
+
+
+@pytest.mark.parametrize("out, exc, says", [
+    ([0, 0, 0, 0], TypeError, "out must be a NumPy int64 array"),
+    (np.zeros(4), ValueError, "1-D int64"),
+    (np.zeros((2, 2), np.int64), ValueError, "1-D int64"),
+    (np.zeros(8, np.int64)[::2], ValueError, "C-contiguous"),
+    (np.zeros(4, np.int64), ValueError, "C-contiguous and writable"),  # made read-only below
+    (np.zeros(1, np.int64), ValueError, "room for 1 values"),
+])
+def test_a_bad_evict_out_is_refused_and_changes_nothing(out, exc, says):
+    pc = PrefixCache()
+    pc.insert([1, 2, 3], values=[7, 8, 9])
+    if says == "C-contiguous and writable":
+        out.flags.writeable = False
+    before = state(pc)
+    with pytest.raises(exc, match=says):
+        pc.evict(2, out=out)
+    assert same_state(before, state(pc))
+
+
+def test_a_cache_without_values_takes_no_evict_out():
+    pc = PrefixCache(values=False)
+    pc.insert([1, 2, 3])
+    with pytest.raises(ValueError, match="keeps no values"):
+        pc.evict(2, out=np.zeros(2, np.int64))
+    assert pc.total_tokens == 3
+    assert pc.evict(2).num_tokens == 2
+
+
 def test_negative_evict_is_an_error():
     pc = PrefixCache()
     with pytest.raises(ValueError):
@@ -443,12 +484,19 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         self.pc.unlock(ours)
 
-    @rule(n=st.integers(0, 12))
-    def evict(self, n):
-        ours, ref = self.pc.evict(n), self.ref.evict(n)
+    @rule(n=st.integers(0, 12), into_out=st.booleans())
+    def evict(self, n, into_out):
+        out = None
+        if into_out and self.values:  # into the free end of a slot pool
+            out = np.full(n + self.pc.page_size + 3, -7, np.int64)
+        ours, ref = self.pc.evict(n, out=None if out is None else out[2:]), self.ref.evict(n)
         assert ours.num_tokens == ref.num_tokens
         if self.values:
             assert ours.values.tolist() == list(ref.values)
+        if out is not None:  # written in place, and nowhere else
+            assert np.shares_memory(ours.values, out) or ours.num_tokens == 0
+            assert out[2:2 + ours.num_tokens].tolist() == list(ref.values)
+            assert (out[:2] == -7).all() and (out[2 + ours.num_tokens:] == -7).all()
 
     # the request lifecycle
     @rule(toks=tokens, ns=st.sampled_from([0, "x", "y"]),
