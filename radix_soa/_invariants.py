@@ -59,7 +59,7 @@ def check_views(s):
              "every per-node array has the same length")
     if not s.track:
         _require(all(getattr(tree, n).shape[0] == 0 for n in ("lock", "stamp", "hpos", "heap",
-                                                              "gen", "own")),
+                                                              "hkey", "gen", "own")),
                  "an untracked tree has no bookkeeping arrays")
     _require(tree.term.shape[0] >= (ncap + 7) // 8, "the terminal bitmap covers every node id")
     size = tree.table.shape[0]
@@ -245,10 +245,12 @@ def _check_tracking(s, end, live, root, free, length, parent, nchild):
              "the LRU heap holds exactly the unlocked leaves")
     _require(np.all(hpos[heap] == np.arange(hsize)), "heap positions are consistent")
     _require(np.all(hpos[~evictable & ~free] == -1), "nodes outside the heap have no heap position")
+    _require(bool(np.all(s.hkey[heap] <= s.stamp[heap])),
+             "a heap entry's key is above its node's key (a key only rises in place)")
     if hsize > 1:
-        stamp = s.stamp
+        hkey = s.hkey
         kids = np.arange(1, hsize)
         par = heap[(kids - 1) // 2]
         ch = heap[kids]
-        ok = (stamp[par] < stamp[ch]) | ((stamp[par] == stamp[ch]) & (par < ch))
+        ok = (hkey[par] < hkey[ch]) | ((hkey[par] == hkey[ch]) & (par < ch))
         _require(bool(np.all(ok)), "heap order: a parent entry is older than its children")

@@ -27,7 +27,8 @@ import zlib
 import numpy as np
 
 from ._invariants import check_bounds, check_tree
-from ._kernels.layout import META_SIZE, NODE_FIELDS, TRACK_FIELDS, Tree
+from ._kernels.layout import (M_HEAP_SIZE, META_SIZE, NODE_FIELDS, SAVED_TRACK_FIELDS, TRACK_FIELDS,
+                              Tree)
 from ._results import InvariantError, TreeFormatError
 from ._storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
                        high_water_marks, token_dtype)
@@ -39,7 +40,8 @@ VERSION = 3
 # (version 3: int64 entries ``parent << 32 | id``, see ``_kernels.table``)
 READABLE_VERSIONS = {1: 16, 2: META_SIZE, 3: META_SIZE}
 HEADER = "header.json"
-_ARRAY_NAMES = {"tokens", "values", "term", "table", "meta"} | set(NODE_FIELDS) | set(TRACK_FIELDS)
+_ARRAY_NAMES = ({"tokens", "values", "term", "table", "meta"} | set(NODE_FIELDS)
+                | set(SAVED_TRACK_FIELDS))
 # arrays too large to checksum on a memory-mapped load (it must stay instant)
 _BULK = ("tokens", "values")
 
@@ -52,7 +54,28 @@ def _used_arrays(s):
            "table": tree.table, "meta": tree.meta}
     for name in s.per_node_arrays:
         out[name] = getattr(tree, name)[:end]
+    if s.track:
+        del out["hkey"]
+        out["heap"], out["hpos"] = _heap_by_stamp(tree, end)
     return out
+
+
+def _heap_by_stamp(tree, end):
+    """``(heap, hpos)`` of the used node ids with the heap ordered by
+    ``stamp``, as a load expects: the arrays themselves when every entry's
+    ``hkey`` is its ``stamp``, else new ones (the entries sorted by
+    ``(stamp, id)``, a valid heap; eviction follows that order either way)."""
+    size = int(tree.meta[M_HEAP_SIZE])
+    heap, hpos = tree.heap[:end], tree.hpos[:end]
+    ids = heap[:size].astype(np.int64)
+    if np.array_equal(tree.hkey[ids], tree.stamp[ids]):
+        return heap, hpos
+    ids = ids[np.lexsort((ids, tree.stamp[ids]))]
+    heap = np.zeros(end, heap.dtype)
+    heap[:size] = ids
+    hpos = np.full(end, -1, hpos.dtype)
+    hpos[ids] = np.arange(size)
+    return heap, hpos
 
 
 def _crc(arr):
@@ -270,7 +293,7 @@ def build_storage(path, header, arrays, mmap):
     track = bool(header.get("track"))
     need = ["tokens", "values", "term", "table", "meta"] + list(NODE_FIELDS)
     if track:
-        need += list(TRACK_FIELDS)
+        need += list(SAVED_TRACK_FIELDS)
     missing = [n for n in need if n not in arrays]
     if missing:
         _fail(path, f"missing arrays {missing}")
@@ -299,6 +322,8 @@ def build_storage(path, header, arrays, mmap):
         fields["meta"] = meta if meta is not arrays["meta"] else np.array(meta)
         if not track:
             fields.update(untracked)
+        else:  # read-only: the heap never moves, so its keys are the stamps themselves
+            fields["hkey"] = fields["stamp"]
     else:
         tcap = max(MIN_TOKENS, tok + tok // 4)
         ncap = max(MIN_NODES, end + end // 4)
@@ -308,8 +333,9 @@ def build_storage(path, header, arrays, mmap):
                   "table": np.array(table), "meta": np.array(meta)}
         for name in NODE_FIELDS:
             fields[name] = _padded(arrays[name], ncap)
-        for name in TRACK_FIELDS:
+        for name in SAVED_TRACK_FIELDS:
             fields[name] = _padded(arrays[name], ncap) if track else untracked[name]
+        fields["hkey"] = fields["stamp"].copy() if track else untracked["hkey"]
     s = TreeStorage.from_tree(Tree(**fields), dtype=dtype, values=has_values, track=track,
                               page_size=int(header.get("page_size", 1)),
                               root=int(header.get("root", 0)), readonly=mmap)

@@ -146,6 +146,7 @@ class TreeStorage:
     stamp: np.ndarray
     hpos: np.ndarray
     heap: np.ndarray
+    hkey: np.ndarray
     gen: np.ndarray
     own: np.ndarray
     meta: np.ndarray

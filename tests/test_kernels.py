@@ -192,7 +192,9 @@ def _field_summaries(D, like):
             out[i, 2] = a.itemsize
             i += 1
 
-    out = np.zeros((16, 3), np.int64)
+    from radix_soa._kernels.layout import TREE_FIELDS
+
+    out = np.zeros((len(TREE_FIELDS), 3), np.int64)
     summarize(D, like, out)
     return out
 

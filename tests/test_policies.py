@@ -97,3 +97,73 @@ def test_policies_change_what_a_replay_keeps():
     rates = {p: rs.replay(seqs, capacity=200, eviction_policy=p).hit_rate for p in POLICIES}
     assert len(set(rates.values())) > 1  # the policy is really used
     assert rates["lru"] == rs.replay(seqs, capacity=200).hit_rate
+
+
+def used_at_random(cache, seed):
+    """64 leaves under the root, then 400 matches and re-inserts of them at
+    random (each one a rise of a heap entry's key under most policies)."""
+    rng = np.random.default_rng(seed)
+    leaves = [[i, 1000 + i] for i in range(64)]
+    for q in leaves:
+        cache.insert(q, values=q)
+    for i in rng.integers(0, 64, size=400):
+        if rng.random() < 0.5:
+            cache.match(leaves[int(i)])
+        else:
+            cache.insert(leaves[int(i)], values=leaves[int(i)])
+
+
+def eviction_order(cache, leaves=64):
+    return [cache.evict(2).values.tolist() for _ in range(leaves)]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_leaves_used_again_are_evicted_in_the_policys_order(policy):
+    # the heap leaves a risen key in place until its entry reaches the top:
+    # the order must still be exactly the reference's
+    pc, ref = PrefixCache(eviction_policy=policy), ReferencePrefixCache(eviction_policy=policy)
+    used_at_random(pc, 1)
+    used_at_random(ref, 1)
+    pc.check_invariants()
+    assert eviction_order(pc) == eviction_order(ref)
+    pc.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "priority"])
+def test_saving_a_heap_with_risen_keys_keeps_the_order(tmp_path, policy):
+    import pickle
+
+    pc = PrefixCache(eviction_policy=policy)
+    used_at_random(pc, 2)
+    heap_before = pc._s.heap.copy()
+    pc.save(tmp_path / "t")
+    assert np.array_equal(pc._s.heap, heap_before)  # saving moves nothing in the cache
+    mapped = PrefixCache.load(tmp_path / "t", mmap=True)
+    mapped.check_invariants()
+    copies = [PrefixCache.load(tmp_path / "t"), pickle.loads(pickle.dumps(pc))]
+    want = eviction_order(pc)
+    for c in copies:
+        c.check_invariants()
+        assert eviction_order(c) == want
+
+
+def test_an_access_under_lru_moves_no_heap_entry_until_it_reaches_the_top():
+    pc = PrefixCache()
+    for i in range(8):
+        pc.insert([i], values=[i])
+    heap = pc._s.heap[:8].copy()
+    pc.match([0])  # the oldest leaf, at the top: its key rises in place
+    assert np.array_equal(pc._s.heap[:8], heap)
+    assert pc.evict(1).values.tolist() == [1]  # the top then moves down by its new key
+    pc.check_invariants()
+
+
+def test_a_heap_key_above_its_nodes_key_is_found():
+    pc = PrefixCache()
+    for i in range(4):
+        pc.insert([i], values=[i])
+    s = pc._s
+    top = int(s.heap[0])
+    s.hkey[top] = s.stamp[top] + 1
+    with pytest.raises(rs.InvariantError, match="key is above"):
+        pc.check_invariants()

@@ -17,7 +17,8 @@ Modules, bottom up (a module calls only those above it in this list)::
     layout      Tree fields and index constants, meta slots, load limit, statuses
     table       mix64, key_hash, entry_of, child_named -> find_child, table_put, table_slot,
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room
-    heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, touch
+    heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, heap_top (a stale
+                top moved down first), rekey -> touch, touch_insert
     descent     common -> descend -> exists_one, match_one; settle, refill ->
                 descend_lanes (GROUP queries interleaved, prefetched) ->
                 exists_batch(_parallel), match_batch(_parallel); descend_group

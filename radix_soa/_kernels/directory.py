@@ -109,8 +109,9 @@ def _tree_at(D, like):
                 view_at(D[20], D[21], np.int64),   # stamp
                 view_at(D[22], D[23], np.int32),   # hpos
                 view_at(D[24], D[25], np.int32),   # heap
-                view_at(D[26], D[27], np.uint32),  # gen
-                view_at(D[28], D[29], np.int32),   # own
-                view_at(D[30], D[31], np.int64))   # meta
+                view_at(D[26], D[27], np.int64),   # hkey
+                view_at(D[28], D[29], np.uint32),  # gen
+                view_at(D[30], D[31], np.int32),   # own
+                view_at(D[32], D[33], np.int64))   # meta
 
     return from_directory

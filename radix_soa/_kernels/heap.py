@@ -1,10 +1,21 @@
 """The eviction heap: a binary min-heap of evictable leaves (unlocked,
-childless, non-root) keyed by ``(stamp, id)``; ``hpos[v]`` is v's slot or -1.
+childless, non-root) keyed by ``(hkey, id)``; ``hpos[v]`` is v's slot or -1.
 ``stamp`` is the eviction policy's key (see ``layout``): ``key_on_access``,
-``key_on_insert`` and ``key_on_create`` compute it, ``rekey`` moves a node.
+``key_on_insert`` and ``key_on_create`` compute it, ``rekey`` sets it.
 
-Arrays: ``heap`` and ``hpos`` int32 per node, ``stamp`` int64 per node,
-``meta[M_HEAP_SIZE]`` the entries in use (all allocated by storage)."""
+``hkey[v]`` is the key the heap placed ``v`` by. A key that rises (every
+access under lru, lfu, slru and priority) only updates ``stamp``: the entry
+keeps its place until it reaches the top, where ``heap_top`` moves it down
+by its current key. Since ``hkey <= stamp`` for every entry, the top whose
+``hkey`` is its ``stamp`` is the least ``(stamp, id)`` of all, so leaves are
+evicted in exactly the order an eagerly kept heap gives, while an access
+costs one store instead of a sift down the heap (each rise costs at most
+one sift, later, and only for a leaf that reaches the top). A key that falls
+(mru) moves its entry up at once.
+
+Arrays: ``heap`` and ``hpos`` int32 per node, ``stamp`` and ``hkey`` int64
+per node, ``meta[M_HEAP_SIZE]`` the entries in use (all allocated by
+storage)."""
 
 from .config import kernel
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
@@ -12,17 +23,17 @@ from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_
 
 
 @kernel
-def heap_less(stamp, a, b):
-    return stamp[a] < stamp[b] or (stamp[a] == stamp[b] and a < b)
+def heap_less(hkey, a, b):
+    return hkey[a] < hkey[b] or (hkey[a] == hkey[b] and a < b)
 
 
 @kernel
-def heap_sift_up(heap, hpos, stamp, i):
+def heap_sift_up(heap, hpos, hkey, i):
     v = heap[i]
     while i > 0:
         p = (i - 1) >> 1
         u = heap[p]
-        if not heap_less(stamp, v, u):
+        if not heap_less(hkey, v, u):
             break
         heap[i] = u
         hpos[u] = i
@@ -32,16 +43,16 @@ def heap_sift_up(heap, hpos, stamp, i):
 
 
 @kernel
-def heap_sift_down(heap, hpos, stamp, size, i):
+def heap_sift_down(heap, hpos, hkey, size, i):
     v = heap[i]
     while True:
         c = 2 * i + 1
         if c >= size:
             break
-        if c + 1 < size and heap_less(stamp, heap[c + 1], heap[c]):
+        if c + 1 < size and heap_less(hkey, heap[c + 1], heap[c]):
             c += 1
         u = heap[c]
-        if not heap_less(stamp, u, v):
+        if not heap_less(hkey, u, v):
             break
         heap[i] = u
         hpos[u] = i
@@ -51,16 +62,17 @@ def heap_sift_down(heap, hpos, stamp, size, i):
 
 
 @kernel
-def heap_push(heap, hpos, stamp, meta, v):
+def heap_push(heap, hpos, stamp, hkey, meta, v):
     i = meta[M_HEAP_SIZE]
     meta[M_HEAP_SIZE] = i + 1
     heap[i] = v
     hpos[v] = i
-    heap_sift_up(heap, hpos, stamp, i)
+    hkey[v] = stamp[v]
+    heap_sift_up(heap, hpos, hkey, i)
 
 
 @kernel
-def heap_remove(heap, hpos, stamp, meta, v):
+def heap_remove(heap, hpos, hkey, meta, v):
     i = hpos[v]
     hpos[v] = -1
     last = meta[M_HEAP_SIZE] - 1
@@ -70,8 +82,21 @@ def heap_remove(heap, hpos, stamp, meta, v):
     u = heap[last]
     heap[i] = u
     hpos[u] = i
-    heap_sift_up(heap, hpos, stamp, i)
-    heap_sift_down(heap, hpos, stamp, last, hpos[u])
+    heap_sift_up(heap, hpos, hkey, i)
+    heap_sift_down(heap, hpos, hkey, last, hpos[u])
+
+
+@kernel
+def heap_top(heap, hpos, stamp, hkey, meta):
+    """The leaf to evict first (the heap must not be empty): the top, once
+    every entry that rose to the top with a stale ``hkey`` has been moved
+    down by its current key."""
+    while True:
+        x = heap[0]
+        if hkey[x] == stamp[x]:
+            return x
+        hkey[x] = stamp[x]
+        heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], 0)
 
 
 @kernel
@@ -119,22 +144,23 @@ def key_on_create(meta, clock):
 
 
 @kernel
-def rekey(heap, hpos, stamp, meta, v, key):
-    """Give ``v`` the key ``key``, moving it in the heap either way."""
+def rekey(heap, hpos, stamp, hkey, v, key):
+    """Give ``v`` the key ``key``: a heap entry whose key falls moves up now;
+    one whose key rises stays put (``heap_top`` moves it when it matters)."""
     stamp[v] = key
     i = hpos[v]
-    if i >= 0:
-        heap_sift_up(heap, hpos, stamp, i)
-        heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], hpos[v])
+    if i >= 0 and key < hkey[v]:
+        hkey[v] = key
+        heap_sift_up(heap, hpos, hkey, i)
 
 
 @kernel
-def touch(heap, hpos, stamp, meta, v, clock):
+def touch(heap, hpos, stamp, hkey, meta, v, clock):
     """``v`` is accessed at tick ``clock`` (a match or ``touch`` passes it)."""
-    rekey(heap, hpos, stamp, meta, v, key_on_access(meta, stamp[v], clock))
+    rekey(heap, hpos, stamp, hkey, v, key_on_access(meta, stamp[v], clock))
 
 
 @kernel
-def touch_insert(heap, hpos, stamp, meta, v, clock):
+def touch_insert(heap, hpos, stamp, hkey, meta, v, clock):
     """An insert at tick ``clock`` reaches the existing node ``v``."""
-    rekey(heap, hpos, stamp, meta, v, key_on_insert(meta, stamp[v], clock))
+    rekey(heap, hpos, stamp, hkey, v, key_on_insert(meta, stamp[v], clock))

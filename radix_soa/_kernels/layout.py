@@ -26,6 +26,9 @@ lock       int32   locks on the node's subtree (prefix cache; else empty)
 stamp      int64   eviction key: the policy's score, lowest first (prefix cache)
 hpos       int32   position in the eviction heap, or -1 (prefix cache)
 heap       int32   binary min-heap of evictable leaves (prefix cache)
+hkey       int64   the key the heap orders a leaf by: its ``stamp`` when it was
+                   last placed, at most its ``stamp`` now (a rise waits until
+                   the leaf reaches the top; prefix cache)
 gen        uint32  handle generation, bumped when the id is freed
 own        int32   locks taken on the node itself (prefix cache)
 meta       int64   counters, indexed by the ``M_*`` slots
@@ -35,21 +38,24 @@ meta       int64   counters, indexed by the ``M_*`` slots
 from collections import namedtuple
 
 Tree = namedtuple("Tree", ["tokens", "values", "start", "length", "parent", "nchild", "cxor",
-                           "term", "table", "lock", "stamp", "hpos", "heap", "gen", "own",
-                           "meta"])
+                           "term", "table", "lock", "stamp", "hpos", "heap", "hkey", "gen",
+                           "own", "meta"])
 TREE_FIELDS = Tree._fields
 (TOKENS, VALUES, START, LENGTH, PARENT, NCHILD, CXOR, TERM, TABLE, LOCK, STAMP, HPOS, HEAP,
- GEN, OWN, META) = range(len(TREE_FIELDS))
+ HKEY, GEN, OWN, META) = range(len(TREE_FIELDS))
 
 # arrays with one entry per node id (the terminal bitmap aside)
 NODE_FIELDS = ("start", "length", "parent", "nchild", "cxor")
-TRACK_FIELDS = ("lock", "stamp", "hpos", "heap", "gen", "own")
+TRACK_FIELDS = ("lock", "stamp", "hpos", "heap", "hkey", "gen", "own")
+# what a save keeps of them: ``hkey`` is the heap's working copy of ``stamp``
+# (a save writes the heap ordered by ``stamp``, and a load starts hkey == stamp)
+SAVED_TRACK_FIELDS = tuple(f for f in TRACK_FIELDS if f != "hkey")
 
 # the dtype of every field but ``tokens`` (the tree's choice), as NumPy names
 FIELD_DTYPES = {"values": "int64", "start": "int64", "length": "int32", "parent": "int32",
                 "nchild": "int32", "cxor": "int32", "term": "uint8", "table": "int64",
                 "lock": "int32", "stamp": "int64", "hpos": "int32", "heap": "int32",
-                "gen": "uint32", "own": "int32", "meta": "int64"}
+                "hkey": "int64", "gen": "uint32", "own": "int32", "meta": "int64"}
 
 # ---------------------------------------------------------------- meta slots
 M_TOK_USED = 0      # high-water mark of the token buffer

@@ -15,7 +15,7 @@ from .config import kernel
 from .descent import descend
 from .directory import tree_at
 from .heap import touch
-from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HPOS, LENGTH, LIMIT, LOCK,
+from .layout import (ABORTED, DONE, FINISHED, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LIMIT, LOCK,
                      LOCK_LIMIT, MISMATCH,
                      M_CLOCK, M_EVICTED_TOKENS, M_HIT_TOKENS, M_INFLIGHT, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_QUERY_TOKENS, M_TOKENS, META, NO_NODE, OPEN, OWN,
@@ -77,7 +77,7 @@ def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evic
             v = split(T, c, k, page, True)
         w = v
         while w != root:
-            touch(T[HEAP], T[HPOS], T[STAMP], meta, w, meta[M_CLOCK])
+            touch(T[HEAP], T[HPOS], T[STAMP], T[HKEY], meta, w, meta[M_CLOCK])
             w = T[PARENT][w]
     locked = T[PARENT][v] >= 0
     if locked:

@@ -14,7 +14,7 @@ from .config import kernel, kernel_alloc
 from .descent import GROUP, descend, descend_group
 from .directory import tree_at
 from .heap import heap_push, heap_remove, key_on_create, key_on_insert, touch_insert
-from .layout import (CXOR, DONE, FREE, GEN, HEAP, HPOS, LENGTH, LOCK, META, M_DEAD_TOKENS,
+from .layout import (CXOR, DONE, FREE, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, META, M_DEAD_TOKENS,
                      M_FREE_COUNT, M_FREE_HEAD, M_NODES, M_NODE_END, M_ROOTS, M_TERMINALS,
                      M_TOKENS, M_TOKENS_INSERTED, M_TOK_USED, NCHILD, NO_NODE, OWN, PARENT,
                      STAMP, START, TABLE, TERM, TOKENS, VALUES)
@@ -156,8 +156,8 @@ def new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
         stamp[x] = key_on_create(meta, clock)
         hpos[x] = -1
         if was_leaf and hpos[v] >= 0:
-            heap_remove(heap, hpos, stamp, meta, v)
-        heap_push(heap, hpos, stamp, meta, x)
+            heap_remove(heap, hpos, T[HKEY], meta, v)
+        heap_push(heap, hpos, stamp, T[HKEY], meta, x)
     return x
 
 
@@ -171,7 +171,7 @@ def extend(T, root, v, c, k, pos, q, qs, qn, vals, vs, page, track, clock):
         # refresh the matched path, deepest last (it may be a heap leaf)
         w = v
         while w != root:
-            touch_insert(T[HEAP], T[HPOS], T[STAMP], T[META], w, clock)
+            touch_insert(T[HEAP], T[HPOS], T[STAMP], T[HKEY], T[META], w, clock)
             w = T[PARENT][w]
     if c != NO_NODE:
         v = split(T, c, k, page, track)  # the upper part starts with the lower's key
@@ -293,7 +293,7 @@ def unlink(T, x, page, track):
     meta[M_TOKENS] -= L
     meta[M_DEAD_TOKENS] += L
     if track and T[HPOS][x] >= 0:
-        heap_remove(T[HEAP], T[HPOS], T[STAMP], meta, x)
+        heap_remove(T[HEAP], T[HPOS], T[HKEY], meta, x)
     free_node(T, x, track)
 
 

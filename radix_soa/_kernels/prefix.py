@@ -14,8 +14,8 @@ from .chain import log_removed, log_stored
 from .config import kernel
 from .descent import descend
 from .directory import tree_at
-from .heap import heap_push, heap_remove, heap_sift_down, touch
-from .layout import (DONE, FULL, GEN, HEAP, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
+from .heap import heap_push, heap_remove, heap_sift_down, heap_top, touch
+from .layout import (DONE, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, LOCK_LIMIT, META, M_CLOCK,
                      M_DEAD_TOKENS, M_EVICTED_TOKENS, M_HEAP_SIZE, M_HIT_TOKENS, M_LOCKED_TOKENS,
                      M_LOOKUPS, M_NEW_TOKENS, M_NODE_END, M_PRIORITY, M_QUERY_TOKENS, M_ROOTS,
                      M_TOKENS, M_TOKENS_INSERTED, MISMATCH, NCHILD, NO_NODE, OWN, PARENT, ROOM,
@@ -37,7 +37,7 @@ def pc_match(T, root, q, qs, qn, page, clock):
         pos += k
     w = v
     while w != root:
-        touch(T[HEAP], T[HPOS], T[STAMP], T[META], w, clock)
+        touch(T[HEAP], T[HPOS], T[STAMP], T[HKEY], T[META], w, clock)
         w = T[PARENT][w]
     return pos, v
 
@@ -261,11 +261,11 @@ def pc_lock(T, node, delta):
         if before == 0 and delta > 0:
             meta[M_LOCKED_TOKENS] += length[w]
             if hpos[w] >= 0:
-                heap_remove(heap, hpos, stamp, meta, w)
+                heap_remove(heap, hpos, T[HKEY], meta, w)
         elif before + delta == 0:
             meta[M_LOCKED_TOKENS] -= length[w]
             if nchild[w] == 0:
-                heap_push(heap, hpos, stamp, meta, w)
+                heap_push(heap, hpos, stamp, T[HKEY], meta, w)
         w = parent[w]
 
 
@@ -345,7 +345,7 @@ def pc_touch(D, like, v, gen):
     meta[M_CLOCK] += 1
     w = v
     while parent[w] >= 0:
-        touch(T[HEAP], T[HPOS], T[STAMP], meta, w, meta[M_CLOCK])
+        touch(T[HEAP], T[HPOS], T[STAMP], T[HKEY], meta, w, meta[M_CLOCK])
         w = parent[w]
     return DONE
 
@@ -422,10 +422,11 @@ def pc_evict(T, n, page, out, ev=None):
     ``out`` (when values are kept) and returns the number freed."""
     values, start, length, parent = T[VALUES], T[START], T[LENGTH], T[PARENT]
     nchild, lock, heap, hpos, stamp, meta = T[NCHILD], T[LOCK], T[HEAP], T[HPOS], T[STAMP], T[META]
+    hkey = T[HKEY]
     freed = 0
     keep_values = values.shape[0] > 0
     while freed < n and meta[M_HEAP_SIZE] > 0:
-        x = heap[0]
+        x = heap_top(heap, hpos, stamp, hkey, meta)
         L = length[x]
         take = min(L, n - freed)
         rest = L - take
@@ -446,7 +447,8 @@ def pc_evict(T, n, page, out, ev=None):
                 heap[0] = p
                 hpos[p] = 0
                 hpos[x] = -1
-                heap_sift_down(heap, hpos, stamp, meta[M_HEAP_SIZE], 0)
+                hkey[p] = stamp[p]
+                heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], 0)
             unlink(T, x, page, True)
     return freed
 

@@ -12,7 +12,9 @@ kept in ``state`` says where to go on.
 
 from .config import kernel, kernel_nogil
 from .descent import common, match_one
-from .layout import (DONE, HEAP, LENGTH, META, M_CLOCK, M_TOKENS, START, TABLE, TOKENS, VALUES)
+from .heap import heap_top
+from .layout import (DONE, HEAP, HKEY, HPOS, LENGTH, META, M_CLOCK, M_TOKENS, STAMP, START, TABLE,
+                     TOKENS, VALUES)
 from .mutation import extend
 from .prefix import insert_capped, path_unlocked, pc_evict, pc_lock, pc_match, room_needed
 from .table import has_room, need_room
@@ -214,9 +216,8 @@ def replay_run(Td, Th, roots_d, roots_h, flat, offsets, positions, order, win, p
             values = Td[VALUES]
             start = Td[START]
             length = Td[LENGTH]
-            heap = Td[HEAP]
             while state[S_NEED] > 0:
-                x = heap[0]
+                x = heap_top(Td[HEAP], Td[HPOS], Td[STAMP], Td[HKEY], Td[META])
                 take = min(length[x], state[S_NEED])
                 if has_host:
                     last = values[start[x] + length[x] - 1]
