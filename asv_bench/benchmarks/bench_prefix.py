@@ -111,6 +111,33 @@ class MatchBatch:
         self.cache.match_batch(self.batch)
 
 
+class CachedShortRequests:
+    """100,000 short requests (1,000 prompts of 20-60 tokens plus tails of
+    1-40), all cached: a batch match or a batch insert of them again. Under
+    lru every request refreshes its leaf's key; under fifo none does, so the
+    two differ by what a refreshed key costs the eviction heap."""
+    params = (("lru", "fifo"),)
+    param_names = ("policy",)
+    timeout = 180
+
+    def setup(self, policy):
+        radix_soa.warmup()
+        rng = np.random.default_rng(0)
+        heads = [rng.integers(0, 32_000, size=int(k)) for k in rng.integers(20, 60, size=1000)]
+        seqs = [np.concatenate([heads[int(h)], rng.integers(0, 32_000, size=int(k))])
+                for h, k in zip(rng.integers(0, 1000, size=100_000),
+                                rng.integers(1, 40, size=100_000))]
+        self.batch = radix_soa.pack(seqs)
+        self.cache = radix_soa.PrefixCache(values=False, eviction_policy=policy)
+        self.cache.insert_batch(self.batch)
+
+    def time_match_batch(self, policy):
+        self.cache.match_batch(self.batch)
+
+    def time_insert_batch_again(self, policy):
+        self.cache.insert_batch(self.batch)
+
+
 class Memory:
     params = ((True, False),)
     param_names = ("values",)
