@@ -46,6 +46,8 @@ def check_views(s):
     tree = s.tree
     _require(all(getattr(s, name) is arr for name, arr in zip(TREE_FIELDS, tree)),
              "every array attribute is the storage's tree array")
+    _require(s.readonly or tree.hkey is not tree.stamp,
+             "a writable tree's heap keys are an array of their own")
     _require(len(s.T) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.T, tree)),
              "the kernels' tree tuple is the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in

@@ -405,6 +405,8 @@ class TreeStorage:
             used[name] = end
         if self.track:
             used["heap"] = self.count("heap_size")
+        if self.track and tree.hkey is tree.stamp:  # a read-only load: one array, counted once
+            del used["hkey"]
         out = {}
         for name, n in used.items():
             arr = getattr(tree, name)

@@ -167,3 +167,26 @@ def test_a_heap_key_above_its_nodes_key_is_found():
     s.hkey[top] = s.stamp[top] + 1
     with pytest.raises(rs.InvariantError, match="key is above"):
         pc.check_invariants()
+
+
+def test_a_memory_mapped_load_counts_its_heap_keys_once(tmp_path):
+    pc = PrefixCache()
+    used_at_random(pc, 3)
+    pc.save(tmp_path / "t")
+    mapped = PrefixCache.load(tmp_path / "t", mmap=True)
+    assert mapped._s.hkey is mapped._s.stamp  # read-only: the heap never moves
+    copied = PrefixCache.load(tmp_path / "t")
+    assert copied._s.hkey is not copied._s.stamp
+    mapped_usage, copied_usage = mapped._s.array_usage(), copied._s.array_usage()
+    assert "hkey" not in mapped_usage and "hkey" in copied_usage
+    assert (sum(a["used_bytes"] for a in copied_usage.values())
+            - sum(a["used_bytes"] for a in mapped_usage.values())) == 8 * copied._s.node_end
+
+
+def test_a_writable_tree_whose_heap_keys_are_its_stamps_is_found():
+    pc = PrefixCache()
+    used_at_random(pc, 4)
+    s = pc._s
+    s._publish(s.tree._replace(hkey=s.tree.stamp))  # what only a read-only load may do
+    with pytest.raises(rs.InvariantError, match="heap keys are an array of their own"):
+        pc.check_invariants()

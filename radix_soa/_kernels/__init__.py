@@ -37,7 +37,7 @@ Modules, bottom up (a module calls only those above it in this list)::
                 -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
     replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
                 request_of -> replay_run (pc_match, room_needed, pc_lock,
-                pc_evict, extend)
+                heap_top, pc_evict, extend)
     router      rx_find; rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
                 overlap_at (page_hash) -> rx_overlap, rx_overlap_batch (RouterIndex)
     cluster     prefix_hashes; the event heap (ev_push, ev_pop) -> retire; least_loaded,
