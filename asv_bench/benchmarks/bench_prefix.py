@@ -6,6 +6,8 @@ import numpy as np
 import radix_soa
 from radix_soa.baselines.reference_prefix import ReferencePrefixCache
 
+from .common import short_corpus
+
 IMPLS = ("radix_soa", "reference")
 
 
@@ -112,8 +114,9 @@ class MatchBatch:
 
 
 class CachedShortRequests:
-    """100,000 short requests (1,000 prompts of 20-60 tokens plus tails of
-    1-40), all cached: a batch match or a batch insert of them again. Under
+    """100,000 short requests (``common.short_corpus``: 1,000 prompts of
+    20-100 tokens plus tails of 1-45), all cached: a batch match or a batch
+    insert of them again. Under
     lru every request refreshes its leaf's key; under fifo none does, so the
     two differ by what a refreshed key costs the eviction heap."""
     params = (("lru", "fifo"),)
@@ -122,12 +125,7 @@ class CachedShortRequests:
 
     def setup(self, policy):
         radix_soa.warmup()
-        rng = np.random.default_rng(0)
-        heads = [rng.integers(0, 32_000, size=int(k)) for k in rng.integers(20, 60, size=1000)]
-        seqs = [np.concatenate([heads[int(h)], rng.integers(0, 32_000, size=int(k))])
-                for h, k in zip(rng.integers(0, 1000, size=100_000),
-                                rng.integers(1, 40, size=100_000))]
-        self.batch = radix_soa.pack(seqs)
+        self.batch = short_corpus(100_000)
         self.cache = radix_soa.PrefixCache(values=False, eviction_policy=policy)
         self.cache.insert_batch(self.batch)
 

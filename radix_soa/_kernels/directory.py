@@ -3,10 +3,10 @@
 Numba unboxes every array argument of every call (about 0.08 µs each), so an
 entry kernel taking the arrays of ``T`` (16 when measured) spends about
 1.5 µs before it does any work, more than a whole match of 1,000 cached
-tokens. The per-call entry
-kernels therefore take ``D``: an int64 array of ``(address, length)`` pairs,
-one per ``TREE_FIELDS`` entry, and ``like``, any array of the token dtype
-(it only carries the dtype; every array, the tokens too, comes from ``D``).
+tokens. The per-call entry kernels therefore take ``D``: an int64 array of
+``(address, length)`` pairs, one per ``TREE_FIELDS`` entry, and ``like``,
+any array of the token dtype (it only carries the dtype; every array, the
+tokens too, comes from ``D``).
 ``tree_at(D, like)`` rebuilds ``T`` inside the kernel at no cost. The
 storage builds ``D`` at every publish, with references to its arrays, so
 they live as long as ``D`` does (see ``radix_soa._storage``).
