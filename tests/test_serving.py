@@ -456,6 +456,32 @@ def test_tokens_that_leave_the_requests_cached_prefix_are_refused():
                                                                                  14, 15]
 
 
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_another_cached_path_as_long_is_not_the_requests_prefix(page_size):
+    # the request holds [1]; [2] is cached as long: finishing or checkpointing
+    # with [2, ...] must not pass as its prefix (a leaked slot, a moved lock)
+    from radix_soa.baselines.reference_prefix import ReferencePrefixCache
+    p = page_size
+    for pc in (PrefixCache(page_size=p), ReferencePrefixCache(page_size=p)):
+        pc.insert([1] * p, values=[458] * p)
+        pc.insert([2] * p, values=[100] * p)
+        r = pc.begin([1] * p + [7] * p)
+        assert r.cached == p
+        before = (pc.to_text() if isinstance(pc, PrefixCache) else None, pc.locked_tokens,
+                  pc.total_tokens)
+        other = [2] * p + [5] * p
+        for call in (pc.checkpoint, pc.finish):
+            with pytest.raises(ValueError, match="must start with the request's"):
+                call(r, other, list(range(2 * p)))
+            after = (pc.to_text() if isinstance(pc, PrefixCache) else None, pc.locked_tokens,
+                     pc.total_tokens)
+            assert after == before
+        done = pc.finish(r, [1] * p + [7] * p, [458] * p + [9] * p)
+        free = done.free if isinstance(pc, PrefixCache) else done[2]
+        assert free.tolist() == []  # its locked prefix is its own, no duplicate
+        assert pc.locked_tokens == 0 and pc.total_tokens == 3 * p
+
+
 def test_results_do_not_alias_the_callers_values():
     pc = PrefixCache()
     pc.insert([1, 2], values=[1, 2])

@@ -153,7 +153,8 @@ def free_layout(st, n, nvals, finishing):
 def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, finishing, ev=None):
     """The insert of a checkpoint or finish, for an open request whose lock
     is held (else ``STALE``), its outcome recorded in ``st[R_LAST_*]``.
-    ``MISMATCH``: ``q`` does not start with the request's cached prefix;
+    ``MISMATCH``: ``q`` does not start with the request's cached prefix
+    (its path does not pass through the request's locked node);
     ``LIMIT``: the lock it would move to cannot be taken. The slots to hand
     back go to ``out`` (``free_layout``): the caller keeps no copy of
     ``vals``, so the result can be rebuilt from ``st`` and ``out`` alone."""
@@ -167,9 +168,12 @@ def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, finishi
     has_values = T[VALUES].shape[0] > 0
     partial, end = free_layout(st, n, vals.shape[0], finishing)
     evict_out = out[end:]
+    # the insert must pass through the request's locked node: another
+    # cached path as long is not its prefix
+    through = st[R_NODE] if st[R_LOCKED] else NO_NODE
     status, cached, node, gen, freed = insert_one_at_priority(T, root, ns, q, n, vals, page, cap,
                                                               evict_out, priority, st[R_CACHED],
-                                                              ev)
+                                                              through, ev)
     if status == DONE:
         frm = st[R_CACHED]
         if has_values:

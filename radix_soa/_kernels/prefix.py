@@ -159,7 +159,8 @@ def evict_keeping(T, root, protect, need, page, out, ev=None):
 
 
 @kernel
-def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, ev=None):
+def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, through=-1,
+                  ev=None):
     """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
     capacity ``cap`` (-1: unbounded) in one descent: the match, the room it
     needs (evicting least recently used tokens, never from the path it
@@ -168,16 +169,20 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, ev=
     room) is decided before the room check, so a refused insert never
     grows the arrays; ``ROOM`` (the new tokens and 2 nodes): nothing
     changed; so is ``MISMATCH``: fewer than ``min_cached`` leading tokens
-    are cached (a request's tokens left its own cached prefix). ``ev``:
-    the event log (``chain``), or None."""
+    are cached, or the path does not pass through node ``through`` (>= 0:
+    a request's locked node; its tokens left its own cached prefix, even
+    for another cached path as long). ``ev``: the event log (``chain``), or
+    None."""
     v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, qs, n,
                            page)
     cached = pos + k
     if cached < min_cached:
         return MISMATCH, cached, NO_NODE, 0
+    protect = c if c != NO_NODE else v
+    if through >= 0 and not on_path(T[PARENT], root, protect, through):
+        return MISMATCH, cached, NO_NODE, 0
     freed = 0
     need = 0
-    protect = c if c != NO_NODE else v
     if cap >= 0:
         need = room_needed(T, n - cached, path_unlocked(T, root, protect), page, cap)
         # the values freed go to ``out``: never more than it holds
@@ -205,22 +210,22 @@ def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority, ev=No
     ``FULL``: nothing changed. ``priority``: the request's, for the
     ``priority`` policy (held in meta for the call only)."""
     return insert_one_at_priority(tree_at(D, like), root, ns, q, n, vals, page, cap, out,
-                                  priority, 0, ev)
+                                  priority, 0, NO_NODE, ev)
 
 
 @kernel
 def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, min_cached=0,
-                           ev=None):
+                           through=-1, ev=None):
     """``_insert_one`` with ``priority`` held in meta for the call only (the
     ``priority`` policy reads it)."""
     T[META][M_PRIORITY] = priority
-    result = _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached, ev)
+    result = _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached, through, ev)
     T[META][M_PRIORITY] = 0
     return result
 
 
 @kernel
-def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, ev=None):
+def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, through=-1, ev=None):
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
             return FULL, 0, NO_NODE, T[GEN][0], 0
@@ -228,7 +233,7 @@ def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, ev=None):
             return need_room(T, n, 3), 0, NO_NODE, T[GEN][0], 0
         root = make_root(T, True, ns)
     status, cached, node, freed = insert_capped(T, root, q, 0, n, vals, 0, page, cap, out,
-                                                min_cached, ev)
+                                                min_cached, through, ev)
     if status != DONE:
         return status, cached, NO_NODE, T[GEN][0], 0
     count_insert(T[META], q.shape[0], n - cached, freed)
@@ -295,7 +300,7 @@ def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out,
         qn = offsets[i + 1] - qs
         n = qn - qn % page
         status, c, node, freed = insert_capped(T, root, flat, qs, n, vflat, qs, page, cap,
-                                               out[cursor[1]:], 0, ev)
+                                               out[cursor[1]:], 0, NO_NODE, ev)
         if status == ROOM:
             return ROOM
         if status == FULL:
@@ -379,6 +384,15 @@ def lock_fits(T, v):
     """True if one more user lock on non-root node ``v`` keeps every count
     within ``LOCK_LIMIT`` (a subtree count is largest at the path's top)."""
     return T[LOCK][path_top(T[PARENT], v)] < LOCK_LIMIT and T[OWN][v] < LOCK_LIMIT
+
+
+@kernel
+def on_path(parent, root, v, node):
+    """True if ``node`` lies on the path ``root``..``v`` (``v`` included)."""
+    w = v
+    while w != node and w != root and w >= 0:
+        w = parent[w]
+    return w == node
 
 
 @kernel

@@ -450,7 +450,8 @@ class ReferencePrefixCache:
         vals = self._values(values, raw)
         root = self._root(request.namespace)
         node, pos, x, k = self._descend(root, t)
-        if pos + k < request.cached:
+        if pos + k < request.cached or (request.node is not None and tuple(
+                t[:request.cached]) != self._path_tokens(request.node)):
             raise ValueError("tokens must start with the request's cached prefix")
         capacity = self._capacity
         if capacity is not None and self._count_inflight:
@@ -458,6 +459,15 @@ class ReferencePrefixCache:
         r = self._insert(t, vals, root, request.priority, capacity)
         dup = vals[request.cached:r.cached] if self._has_values else None
         return r, len(t), vals, dup
+
+    @staticmethod
+    def _path_tokens(node):
+        """The tokens of the path from the root down to ``node``."""
+        edges = []
+        while node.parent is not None:
+            edges.append(node.edge)
+            node = node.parent
+        return tuple(t for edge in reversed(edges) for t in edge)
 
     def checkpoint(self, request, tokens, values):
         """Cache what ``request`` computed so far, move its lock to the new
