@@ -124,7 +124,7 @@ def event_from_dict(d):
         return d
     if not isinstance(d, dict):
         raise EventError(f"an event is an event object or its dict; got {type(d).__name__}")
-    kind = _TYPES.get(d.get("type"))
+    kind = _TYPES.get(d.get("type")) if isinstance(d.get("type"), str) else None
     if kind is None:
         raise EventError(f"unknown event type {d.get('type')!r}; expected one of {sorted(_TYPES)}")
     if kind is AllBlocksCleared:
@@ -145,12 +145,16 @@ def event_from_dict(d):
     size = d["block_size"]
     if type(size) is not int or size < 1:
         raise EventError(f"block_size must be a positive int; got {size!r}")
+    lora_id, lora_name = d.get("lora_id"), d.get("lora_name")
+    if lora_id is not None and type(lora_id) is not int:
+        raise EventError(f"lora_id must be None or an int; got {type(lora_id).__name__}")
+    if lora_name is not None and not isinstance(lora_name, str):
+        raise EventError(f"lora_name must be None or a str; got {type(lora_name).__name__}")
     tokens = _int_list("token_ids", d["token_ids"])
     if len(tokens) != len(hashes) * size:
         raise EventError(f"token_ids holds {len(tokens)} tokens for {len(hashes)} blocks of "
                          f"{size}")
-    return BlockStored(hashes, parent, tokens, size, d.get("lora_id"), d.get("medium"),
-                       d.get("lora_name"))
+    return BlockStored(hashes, parent, tokens, size, lora_id, d.get("medium"), lora_name)
 
 
 def namespace_seed(namespace):

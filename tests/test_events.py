@@ -102,6 +102,13 @@ def test_events_round_trip_through_dicts_and_json():
     ({"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2], "block_size": 2},
      "parent_block_hash"),
     ([1, 2], "event object or its dict"),
+    ({"type": ["BlockStored"]}, "unknown event type"),
+    ({"type": {"BlockStored": 1}}, "unknown event type"),
+    ({"type": 3}, "unknown event type"),
+    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+      "token_ids": [1, 2], "block_size": 2, "lora_id": [1]}, "lora_id"),
+    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+      "token_ids": [1, 2], "block_size": 2, "lora_name": 5}, "lora_name"),
 ])
 def test_a_malformed_event_dict_names_the_problem(bad, match):
     with pytest.raises(rs.EventError, match=match):
