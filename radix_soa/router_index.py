@@ -34,6 +34,27 @@ _MESSAGES = {
 }
 
 
+def worker_id(worker):
+    """``worker`` checked as a worker id: an int (a NumPy integer becomes
+    one; not a bool), a str, or a tuple of those; ``TypeError`` otherwise
+    (a float, NaN among them, is never equal to itself reliably).
+
+    >>> worker_id(("gpu", 3)), worker_id(np.int64(2))
+    (('gpu', 3), 2)
+    """
+    if isinstance(worker, str) or (type(worker) is int):
+        return worker
+    if isinstance(worker, tuple):
+        return tuple(worker_id(w) for w in worker)
+    if not isinstance(worker, (bool, np.bool_)):
+        try:
+            return operator.index(worker)
+        except TypeError:
+            pass
+    raise TypeError("a worker id must be an int, a str or a tuple of them; got "
+                    f"{type(worker).__name__} {worker!r}")
+
+
 class RouterIndex(ReadersWriter):
     """Every worker's cached pages in one struct-of-arrays index, from their
     KV events.
@@ -50,6 +71,19 @@ class RouterIndex(ReadersWriter):
     [[2, 4], [0, 0]]
     >>> ix.remove_worker("a"); ix.workers, len(ix)
     (['b'], 2)
+    >>> ix.add_worker("c"); ix.overlap_scores([1, 2, 7])
+    {'b': 2, 'c': 0}
+
+    The index keeps an explicit set of workers, in the order they were
+    registered (``workers=`` at construction, ``add_worker``, or the first
+    ``apply`` of a new id, even with no events): ``overlap``'s columns follow
+    ``workers``, a worker with nothing cached included (the best target of
+    a cold request), and ``remove_worker`` takes a worker out of both. So
+    ``RouterIndex(workers=range(n)).overlap(q)[w]`` is worker ``w``'s
+    ``match_length(q)`` whatever order their events come in. A worker id is
+    an int, a str, or a tuple of those (such as Dynamo's ``(worker_id,
+    dp_rank)``); NumPy integers count as ints. ``overlap_scores`` gives the
+    same answer as a dict keyed by worker id.
 
     ``apply(worker, events)`` takes one worker's events in the order it
     emitted them, as objects or dicts. Every check comes before any change:
@@ -82,20 +116,30 @@ class RouterIndex(ReadersWriter):
     sees every ``apply`` entirely or not at all.
     """
 
-    def __init__(self, page_size=16, *, event_hash="fast64", event_hash_seed=None):
+    def __init__(self, page_size=16, *, workers=(), event_hash="fast64",
+                 event_hash_seed=None):
         self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         self._event_hash = check_event_hash(event_hash)
         self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
         self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
-        self._out = slice(0, 0)  # the live columns of a result row (a slice when no holes)
+        self._order = []       # the worker ids in the order they were registered
+        self._out = slice(0, 0)  # their columns in a result row (a slice when in order)
         self._words = 1
         self._live = np.zeros(1, np.int64)  # bitmask of the live columns
         self._alloc(64, 128)
         self._seed_none = np.uint64(namespace_seed(None))
         self._seeds = {None: self._seed_none}
         self._init_lock()
+        if isinstance(workers, (str, bytes)) or not hasattr(workers, "__iter__"):
+            raise TypeError("workers must be an iterable of worker ids; got "
+                            f"{type(workers).__name__}")
+        ids = [worker_id(w) for w in workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError("workers holds a worker id twice")
+        for w in ids:
+            self._register(w, self._column(w, True))
 
     _LOCK_STATE = ("_lock", "_no_readers", "_readers", "_writers_waiting")
 
@@ -148,15 +192,11 @@ class RouterIndex(ReadersWriter):
         self._alloc(size, slots, self._arrays())
 
     def _column(self, worker, create):
+        """The column of ``worker`` (a checked id); with ``create``, a free
+        column for a new one (taken by ``_register`` once its events applied)."""
         col = self._cols.get(worker)
         if col is not None or not create:
             return col
-        if worker is None:
-            raise TypeError("a worker id must be hashable and not None")
-        try:
-            hash(worker)
-        except TypeError:
-            raise TypeError(f"a worker id must be hashable; got {type(worker).__name__}") from None
         col = next((c for c, w in enumerate(self._col_ids) if w is None), len(self._col_ids))
         if col == len(self._col_ids):
             self._col_ids.append(None)
@@ -166,6 +206,14 @@ class RouterIndex(ReadersWriter):
             self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
         return col
 
+    def _register(self, worker, col):
+        self._cols[worker] = col
+        self._col_ids[col] = worker
+        self._order.append(worker)
+        w, bit = self._bit(col)
+        self._live[w] |= bit
+        self._columns_changed()
+
     @staticmethod
     def _bit(col):
         return col // 64, np.array([1 << (col % 64)], np.uint64).view(np.int64)[0]
@@ -174,8 +222,10 @@ class RouterIndex(ReadersWriter):
     def apply(self, worker, events):
         """Apply ``events`` (``BlockStored``/``BlockRemoved``/
         ``AllBlocksCleared`` objects or their dicts) that ``worker`` emitted,
-        oldest first; a new worker id joins the index. All or nothing:
-        ``EventError`` on the first bad event, with every change undone."""
+        oldest first; a new worker id joins the index (also with no
+        events). All or nothing: ``EventError`` on the first bad event, with
+        every change undone (a new worker not registered)."""
+        worker = worker_id(worker)
         if isinstance(events, (dict, BlockStored, BlockRemoved, AllBlocksCleared)):
             events = [events]
         parsed = []
@@ -192,8 +242,6 @@ class RouterIndex(ReadersWriter):
                 raise EventError(f"event {i}: bytes block hashes, but this index has "
                                  "event_hash='fast64' (make it with event_hash='sha256_cbor')")
             parsed.append(e)
-        if not parsed:
-            return
         with self._lock:
             if self._readers:
                 self._drain_readers()
@@ -210,11 +258,7 @@ class RouterIndex(ReadersWriter):
                     self._col_ids[col] = None
                 raise
             if new:
-                self._cols[worker] = col
-                self._col_ids[col] = worker
-                w, bit = self._bit(col)
-                self._live[w] |= bit
-                self._columns_changed()
+                self._register(worker, col)
 
     def _apply_one(self, i, col, worker, e, undo):
         w, bit = self._bit(col)
@@ -272,8 +316,19 @@ class RouterIndex(ReadersWriter):
         if undo is not None:
             undo.append(lambda: self._add(w, bit, out[:n], parents[:n], hasp[:n]))
 
+    def add_worker(self, worker):
+        """Register ``worker`` (nothing cached yet) as the last of
+        ``workers``; a worker already registered stays where it is."""
+        worker = worker_id(worker)
+        with self._lock:
+            if self._readers:
+                self._drain_readers()
+            if worker not in self._cols:
+                self._register(worker, self._column(worker, True))
+
     def remove_worker(self, worker):
         """Forget ``worker`` and every page it holds (``KeyError`` if unknown)."""
+        worker = worker_id(worker)
         with self._lock:
             if self._readers:
                 self._drain_readers()
@@ -284,11 +339,12 @@ class RouterIndex(ReadersWriter):
             self._clear(w, bit)
             del self._cols[worker]
             self._col_ids[col] = None
+            self._order.remove(worker)
             self._live[w] &= ~bit
             self._columns_changed()
 
     def _columns_changed(self):
-        keep = [c for c, w in enumerate(self._col_ids) if w is not None]
+        keep = [self._cols[w] for w in self._order]
         n = len(keep)
         self._out = slice(0, n) if keep == list(range(n)) else np.array(keep, np.intp)
 
@@ -314,15 +370,20 @@ class RouterIndex(ReadersWriter):
 
     @property
     def workers(self):
-        """The worker ids, in the order of ``overlap``'s columns."""
+        """The registered worker ids, oldest first: the order of
+        ``overlap``'s columns."""
         with self._lock:
-            return [w for w in self._col_ids if w is not None]
+            return list(self._order)
 
     def __len__(self):
         """Distinct pages some worker holds."""
         return int(self._meta[KR.X_LIVE])
 
     def __contains__(self, worker):
+        try:
+            worker = worker_id(worker)
+        except TypeError:
+            return False
         with self._lock:
             return worker in self._cols
 
@@ -354,6 +415,19 @@ class RouterIndex(ReadersWriter):
             KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
                           res, hkeys)
             return res[self._out]
+
+    def overlap_scores(self, tokens, namespace=None):
+        """``overlap`` as a dict from worker id to the leading tokens of
+        ``tokens`` it caches (every registered worker, 0 included), as
+        Dynamo's ``OverlapScores``.
+
+        >>> import radix_soa as rs
+        >>> ix = rs.RouterIndex(page_size=2, workers=[("w", 1), ("w", 0)])
+        >>> ix.overlap_scores([1, 2])
+        {('w', 1): 0, ('w', 0): 0}
+        """
+        with self._lock:  # one instant: the columns and the order they are read in
+            return dict(zip(self._order, self.overlap(tokens, namespace).tolist()))
 
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
@@ -387,6 +461,7 @@ class RouterIndex(ReadersWriter):
 
     def blocks_of(self, worker):
         """The page hashes ``worker`` holds, sorted (for audits and tests)."""
+        worker = worker_id(worker)
         with self._lock:
             col = self._cols.get(worker)
             if col is None:

@@ -39,7 +39,7 @@ def test_overlap_per_worker_and_the_worker_list():
         [[4, 6], [2, 2], [0, 0]]
 
 
-def test_removing_pages_and_workers_and_reusing_a_column():
+def test_removing_pages_and_workers_keeps_the_registration_order():
     ix = rs.RouterIndex(page_size=2)
     for w in "abc":
         ix.apply(w, stored([1, 2, 3, 4]))
@@ -49,9 +49,9 @@ def test_removing_pages_and_workers_and_reusing_a_column():
     ix.remove_worker("a")
     assert ix.workers == ["b", "c"] and ix.overlap([1, 2, 3, 4]).tolist() == [2, 4]
     ix.apply("d", [stored([1, 2])])
-    assert ix.workers == ["d", "b", "c"]                      # d takes a's column
+    assert ix.workers == ["b", "c", "d"]                      # d reuses a's column, last
     ix.apply("c", [rs.AllBlocksCleared()])
-    assert ix.overlap([1, 2, 3, 4]).tolist() == [2, 2, 0] and len(ix) == 1
+    assert ix.overlap([1, 2, 3, 4]).tolist() == [2, 0, 2] and len(ix) == 1
     with pytest.raises(KeyError, match="'zz'"):
         ix.remove_worker("zz")
 
@@ -104,13 +104,62 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="page_size"):
         rs.RouterIndex(page_size=0)
     ix = rs.RouterIndex()
-    with pytest.raises(TypeError, match="hashable"):
-        ix.apply([1], [rs.AllBlocksCleared()])
-    with pytest.raises(TypeError, match="not None"):
-        ix.apply(None, [rs.AllBlocksCleared()])
+    for bad in ([1], None, float("nan"), 1.0, True, np.float64("nan"), (1, [2]), (float("nan"),),
+                b"w"):
+        for call in (lambda: ix.apply(bad, [rs.AllBlocksCleared()]), lambda: ix.apply(bad, []),
+                     lambda: ix.add_worker(bad)):
+            with pytest.raises(TypeError, match="worker id must be an int, a str or a tuple"):
+                call()
+        with pytest.raises(TypeError, match="worker id"):
+            ix.remove_worker(bad)
+        assert bad not in ix
+    with pytest.raises(TypeError, match="workers must be an iterable"):
+        rs.RouterIndex(workers=3)
+    with pytest.raises(ValueError, match="twice"):
+        rs.RouterIndex(workers=[1, np.int64(1)])
     with pytest.raises(TypeError, match="namespace"):
         ix.overlap([1], namespace=1.5)
     assert ix.workers == []
+
+
+def test_a_nan_worker_id_never_adds_a_column():
+    ix = rs.RouterIndex(page_size=2)
+    for _ in range(3):
+        with pytest.raises(TypeError):
+            ix.apply(float("nan"), [stored([1, 2])])
+    assert ix.workers == [] and len(ix) == 0 and ix.overlap([1, 2]).shape == (0,)
+
+
+def test_registered_workers_in_order_whatever_order_their_events_come_in():
+    caches = [rs.PrefixCache(page_size=2, events=True, values=False) for _ in range(4)]
+    for w, pc in enumerate(caches):
+        pc.insert(list(range(2 * w + 2)))
+    ix = rs.RouterIndex(page_size=2, workers=range(4))
+    for w in (3, 1, 2):  # worker 0 sends nothing: registered, and holding nothing
+        ix.apply(w, caches[w].take_events())
+    q = list(range(10))
+    assert ix.workers == [0, 1, 2, 3]
+    assert ix.overlap(q).tolist() == [0] + [caches[w].match_length(q) for w in (1, 2, 3)]
+    assert ix.overlap_scores(q) == {0: 0, 1: 4, 2: 6, 3: 8}
+    assert ix.overlap_batch([q, []]).tolist() == [[0, 4, 6, 8], [0, 0, 0, 0]]
+    # an empty apply registers; add_worker of a known one keeps its place
+    ix.apply("late", [])
+    ix.add_worker(np.int64(1))
+    ix.add_worker(("gpu", 0))
+    assert ix.workers == [0, 1, 2, 3, "late", ("gpu", 0)] and ix.blocks_of("late") == []
+    assert ix.overlap_scores(q) == {0: 0, 1: 4, 2: 6, 3: 8, "late": 0, ("gpu", 0): 0}
+    ix.remove_worker(1)
+    ix.add_worker(9)
+    assert ix.workers == [0, 2, 3, "late", ("gpu", 0), 9]
+    assert ix.overlap(q).tolist() == [0, 6, 8, 0, 0, 0]
+    assert list(ix.overlap_scores(q)) == ix.workers
+
+
+def test_a_worker_whose_first_events_fail_is_not_registered():
+    ix = rs.RouterIndex(page_size=2)
+    with pytest.raises(rs.EventError):
+        ix.apply("w", [rs.BlockRemoved([5])])
+    assert "w" not in ix and ix.workers == [] and ix.overlap_scores([1, 2]) == {}
 
 
 @settings(max_examples=40, deadline=None)

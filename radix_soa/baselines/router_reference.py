@@ -62,16 +62,16 @@ def chain(tokens, page, namespace=None):
 
 class ReferenceRouterIndex:
     """``RouterIndex`` semantics on a dict: same checks, same worker order
-    (a removed worker's place is taken by the next new one)."""
+    (the order workers were registered in)."""
 
-    def __init__(self, page_size=16):
+    def __init__(self, page_size=16, workers=()):
         self.page = page_size
         self.blocks = {}  # hash -> [parent hash or None, set of workers]
-        self.cols = []    # worker ids by column; None: free
+        self.workers = list(workers)  # registered, oldest first
 
-    @property
-    def workers(self):
-        return [w for w in self.cols if w is not None]
+    def add_worker(self, worker):
+        if worker not in self.workers:
+            self.workers.append(worker)
 
     def __len__(self):
         return len(self.blocks)
@@ -107,12 +107,7 @@ class ReferenceRouterIndex:
                     blocks.setdefault(h, [parent, set()])[1].add(worker)
                     parent = h
         self.blocks = blocks
-        if events and worker not in self.cols:
-            free = [c for c, w in enumerate(self.cols) if w is None]
-            if free:
-                self.cols[free[0]] = worker
-            else:
-                self.cols.append(worker)
+        self.add_worker(worker)
 
     @staticmethod
     def _take(blocks, h, worker):
@@ -122,7 +117,7 @@ class ReferenceRouterIndex:
 
     def remove_worker(self, worker):
         self.apply(worker, [AllBlocksCleared()])
-        self.cols[self.cols.index(worker)] = None
+        self.workers.remove(worker)
 
     def overlap(self, tokens, namespace=None):
         hashes = chain(list(tokens), self.page, namespace)
