@@ -329,6 +329,43 @@ def section_memory(repeat):
               f"exists_batch on it {np.median(ratios):.2f}x the in-memory tree's (median of {repeat})")
 
 
+def section_load_check(repeat):
+    """What the structural check costs every load: the load (copied and
+    memory-mapped) beside the check alone, and beside the bounds-only check
+    loads ran before (``check_bounds``), per million nodes and per GB."""
+    import tempfile
+
+    from radix_soa._invariants import check_bounds, check_tree
+
+    n_short, n_chat = size(1_000_000, 100_000), size(200_000, 20_000)
+    progress(f"load_check: a tree of {n_short:,} short sequences, a chat cache of {n_chat:,}")
+    short = radix_soa.RadixCache()
+    short.insert_batch(common.short_corpus(n_short))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 50_000, rng.integers(200, 2_000)) for _ in range(200)]
+    chat = radix_soa.PrefixCache()
+    for i in range(n_chat):
+        q = np.concatenate([prompts[i % 200], rng.integers(0, 50_000, rng.integers(1, 200))])
+        chat.insert(q, values=q)
+    print("\n[load_check] every load runs the full structural check (check_invariants')")
+    for name, tree, canonical in (("short sequences", short, True), ("chat", chat, False)):
+        with tempfile.TemporaryDirectory() as tmp:
+            tree.save(tmp + "/t")
+            gb = sum(os.path.getsize(os.path.join(tmp, "t", f))
+                     for f in os.listdir(tmp + "/t")) / 1e9
+            mnodes = tree.num_nodes / 1e6
+            cls = type(tree)
+            cls.load(tmp + "/t")  # compiles what a load runs, outside the timing
+            full = best_of(lambda: check_tree(tree._s, full=True, canonical=canonical), repeat)
+            bounds = best_of(lambda: check_bounds(tree._s), repeat)
+            print(f"  {name}: {tree.num_nodes:,} nodes, {gb:.3f} GB on disk; the check "
+                  f"{full:.3f} s ({full / mnodes:.2f} s per M nodes) vs bounds only {bounds:.3f} s")
+            for mmap in (False, True):
+                t = best_of(lambda: cls.load(tmp + "/t", mmap=mmap), repeat)
+                print(f"    load(mmap={mmap}): {t:.3f} s = {t / gb:.2f} s per GB, of which the "
+                      f"check {full / t:.0%} (bounds only would be {(t - full + bounds):.3f} s)")
+
+
 def section_replay(repeat):
     from radix_soa.baselines.replay_reference import replay_reference
 
@@ -954,7 +991,8 @@ def section_replay_scale(repeat):
 
 
 SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_prefix,
-            "memory": section_memory, "replay": section_replay, "scale": section_scale,
+            "memory": section_memory, "load_check": section_load_check,
+            "replay": section_replay, "scale": section_scale,
             "replay_scale": section_replay_scale, "cluster": section_cluster,
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,

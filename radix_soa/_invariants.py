@@ -141,7 +141,8 @@ def check_bounds(s):
         hsize = s.count("heap_size")
         _require(0 <= hsize <= end, "the heap size lies outside the node ids")
         heap = t.heap[:hsize].astype(np.int64)
-        _require(bool(np.all((heap >= 0) & (heap < end))) and len(np.unique(heap)) == hsize
+        _require(bool(np.all((heap >= 0) & (heap < end)))
+             and int(np.bincount(heap, minlength=1).max(initial=0)) <= 1
              and bool(np.all(live[heap])), "a heap entry is not a distinct live node")
         hpos = t.hpos[:end]
         _require(bool(np.all((hpos >= -1) & (hpos < max(hsize, 1)))), "a heap position is out of range")
@@ -196,7 +197,8 @@ def check_tree(s, full=True, canonical=False):
     entries = table[filled] & ENTRY_NODE_MASK
     _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
     pages = _first_pages(s.tokens, start, entries, page)
-    homes = (np_key_hash(parent[entries], pages) & _U(table.shape[0] - 1)).astype(np.int64)
+    hashes = np_key_hash(parent[entries], pages)
+    homes = (hashes & _U(table.shape[0] - 1)).astype(np.int64)
     slots = np.flatnonzero(filled)
     # no empty slot may lie cyclically between an entry's home and its slot
     empties = np.concatenate([[0], np.cumsum(~filled)])
@@ -206,8 +208,7 @@ def check_tree(s, full=True, canonical=False):
                    (empties[m] - empties[homes]) + empties[slots + 1],
                    empties[slots + 1] - empties[homes])
     _require(np.all(gap == 0), "every table entry is reachable from its home slot")
-    keys = np.concatenate([parent[entries][:, None], pages.astype(np.int64)], axis=1)
-    _require(len(np.unique(keys, axis=0)) == len(entries), "siblings have distinct first pages")
+    _require(_distinct_keys(hashes, parent[entries], pages), "siblings have distinct first pages")
 
     terms = s.terminal_mask()
     _require(int(terms.sum()) == s.count("terminals"), "terminal count matches meta")
@@ -219,6 +220,20 @@ def check_tree(s, full=True, canonical=False):
     if s.track:
         _check_tracking(s, end, live, root, free, length, parent, nchild[:end])
 
+
+
+def _distinct_keys(hashes, parents, pages):
+    """True if no two rows of ``(parents, pages)`` are equal. Equal rows have
+    equal ``hashes``, so one uint64 column is sorted, and only the rows whose
+    hash repeats are sorted whole and compared."""
+    h = np.sort(hashes)
+    repeated = np.unique(h[1:][h[1:] == h[:-1]])
+    if repeated.size == 0:
+        return True
+    rows = np.flatnonzero(np.isin(hashes, repeated))
+    keys = np.concatenate([parents[rows][:, None], pages[rows].astype(np.int64)], axis=1)
+    keys = keys[np.lexsort(keys.T[::-1])]
+    return not bool(np.any(np.all(keys[1:] == keys[:-1], axis=1)))
 
 
 def _first_pages(tokens, start, entries, page):

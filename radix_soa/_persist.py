@@ -15,7 +15,9 @@ refuses a target that exists and is not a saved tree (an empty directory
 aside), restores the old tree if replacing it fails, and clears what earlier
 crashed saves left beside the target (first putting back a tree a crash left
 moved aside). The header carries its own CRC-32; ``load`` checks it, every
-array's, and the structure the kernels rely on.
+array's, and the whole structure (everything ``check_invariants`` checks),
+so no edit that recomputed the checksums can make a kernel loop, read out
+of range or answer wrongly.
 """
 
 import json
@@ -26,7 +28,7 @@ import zlib
 
 import numpy as np
 
-from ._invariants import check_bounds, check_tree
+from ._invariants import check_tree
 from ._kernels.layout import (M_HEAP_SIZE, META_SIZE, NODE_FIELDS, SAVED_TRACK_FIELDS, TRACK_FIELDS,
                               Tree)
 from ._results import InvariantError, TreeFormatError
@@ -339,9 +341,8 @@ def build_storage(path, header, arrays, mmap):
     s = TreeStorage.from_tree(Tree(**fields), dtype=dtype, values=has_values, track=track,
                               page_size=int(header.get("page_size", 1)),
                               root=int(header.get("root", 0)), readonly=mmap)
-    try:  # everything a kernel follows or trusts, before any kernel runs
-        check_tree(s, full=False)
-        check_bounds(s)
+    try:  # the whole structure, as check_invariants checks it, before any kernel runs
+        check_tree(s, full=True, canonical=not track)
     except InvariantError as exc:
         _fail(path, f"corrupted: {exc}")
     return s
@@ -351,7 +352,7 @@ def _entries_of_node_ids(path, table, parent, end):
     """A child table of node ids (int32, format versions 1 and 2) as this
     version's entries, ``parent << 32 | id``. The ids are checked to name
     nodes with a parent here; whatever else is wrong (a duplicate, a
-    misplaced entry) ``check_bounds`` refuses as in any table."""
+    misplaced entry) ``check_tree`` refuses as in any table."""
     if table.dtype != np.int32:
         _fail(path, "child table is not int32 (format version 1 or 2)")
     ids = table.astype(np.int64)

@@ -100,13 +100,17 @@ def roots_and_depths(parent, live):
     span, so roots and free ids are their own targets): the id each reaches
     by following parents, and how many steps away it is. Pointer jumping in
     ``bit_length(n) + 1`` passes, so a damaged tree with a cycle still
-    returns (its nodes then reach no root)."""
+    returns (its nodes then reach no root); it stops early once every node
+    points at a fixed point (about log2 of the tree's depth passes)."""
     n = parent.shape[0]
     up = np.where(live, parent, np.arange(n))
     depth = live.astype(np.int64)
     for _ in range(max(1, n.bit_length() + 1)):
         depth = depth + depth[up]  # a root adds 0: depths stop growing once there
-        up = up[up]
+        jumped = up[up]
+        if np.array_equal(jumped, up):
+            break
+        up = jumped
     return up, depth
 
 

@@ -334,3 +334,83 @@ def test_an_undamaged_tree_still_loads_both_ways(tmp_path):
         got.check_invariants()
         assert got.match_length([1, 2, 7]) == pc.match_length([1, 2, 7])
     assert rs.RadixCache.load is not None
+
+
+def test_two_heap_entries_moved_by_one_are_refused_and_nothing_hangs(tmp_path):
+    # the issue's case: ids stay in range and distinct, checksums recomputed
+    pc = PrefixCache()
+    for i in range(40):
+        pc.insert([i, i], values=[0, 0])
+    pc.save(tmp_path / "t")
+    heap = np.load(tmp_path / "t" / "heap.npy")
+    size = int(np.load(tmp_path / "t" / "meta.npy")[_meta_slot("heap_size")])
+    # entries x and x + 1: +1 and -1 swap them, so every entry is still a
+    # distinct evictable leaf, but out of place
+    at = {int(v): k for k, v in enumerate(heap[:size])}
+    i, j = at[10], at[11]
+
+    def nudge(a):
+        a[i] += 1
+        a[j] -= 1
+        return a
+    edit_array(tmp_path / "t", "heap", nudge)
+    for mmap in (False, True):
+        with pytest.raises(TreeFormatError, match="heap"):
+            PrefixCache.load(tmp_path / "t", mmap=mmap)
+
+
+def _edits(a, rng):
+    """Small edits of an integer array: a swap, a +1/-1 pair, a copied entry."""
+    n = a.shape[0]
+    if n < 2:
+        return []
+    i, j = (int(x) for x in rng.choice(n, 2, replace=False))
+    swap, nudge, copy = a.copy(), a.copy(), a.copy()
+    swap[i], swap[j] = a[j], a[i]
+    with np.errstate(over="ignore"):  # an unsigned 0 - 1 wraps: an edit as good as any
+        nudge[i] += 1
+        nudge[j] -= 1
+    copy[i] = a[j]
+    return [e for e in (swap, nudge, copy) if not np.array_equal(e, a)]
+
+
+@pytest.mark.parametrize("cls", [RadixCache, PrefixCache])
+def test_a_load_accepts_only_trees_check_invariants_accepts(tmp_path, cls):
+    """Every small edit of every saved array (checksums recomputed) is either
+    refused by the load, or leaves a tree that passes the full check (an
+    edit of a token or a stamp can be a valid tree too)."""
+    rng = np.random.default_rng(7)
+    tree = cls() if cls is RadixCache else cls(page_size=2, capacity=200)
+    seqs = [rng.integers(0, 4, rng.integers(1, 9)).tolist() for _ in range(60)]
+    for q in seqs:
+        if cls is RadixCache:
+            tree.insert(q)
+        else:
+            tree.insert(q, values=np.arange(len(q)))
+    if cls is RadixCache:
+        tree.remove(seqs[0])
+    else:
+        tree.lock(tree.match(seqs[1]).node)
+        tree.evict(5)
+    tree.save(tmp_path / "good")
+    names = [f[:-4] for f in os.listdir(tmp_path / "good") if f.endswith(".npy")]
+    refused = 0
+    for name in sorted(names):
+        good = np.load(tmp_path / "good" / f"{name}.npy")
+        if good.dtype.kind not in "iu":
+            continue
+        for k, edited in enumerate(_edits(good, rng)):
+            d = tmp_path / f"{name}-{k}"
+            tree.save(d)
+            edit_array(d, name, lambda a, e=edited: e)
+            try:
+                got = cls.load(d)
+            except TreeFormatError:
+                refused += 1
+                continue
+            got.check_invariants()  # raises if the load let a broken tree through
+            if cls is PrefixCache:  # and the kernels run on it to the end
+                got.evict(got.total_tokens)
+                assert got.total_tokens == got.locked_tokens
+                got.check_invariants()
+    assert refused > 20
