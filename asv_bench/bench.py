@@ -196,7 +196,7 @@ def section_batch(repeat):
         t_p = best_of(lambda: rc.exists_batch(b, parallel=True), repeat + 2)
         print(f"  {n:5d} sequences ({b.num_tokens:8,d} tokens): serial {t_s * 1e6:8.1f} us, "
               f"parallel {t_p * 1e6:8.1f} us, default picks "
-              f"{'parallel' if radix_soa.batch.use_parallel(None, [b]) else 'serial'}")
+              f"{'parallel' if radix_soa._input.batch.use_parallel(None, [b]) else 'serial'}")
 
 
 def section_prefix(repeat):
@@ -335,7 +335,7 @@ def section_load_check(repeat):
     loads ran before (``check_bounds``), per million nodes and per GB."""
     import tempfile
 
-    from radix_soa._invariants import check_bounds, check_tree
+    from radix_soa._tree.invariants import check_bounds, check_tree
 
     n_short, n_chat = size(1_000_000, 100_000), size(200_000, 20_000)
     progress(f"load_check: a tree of {n_short:,} short sequences, a chat cache of {n_chat:,}")
@@ -421,7 +421,9 @@ def section_cluster(repeat):
     radix_soa.replay(trace, capacity=cap)
     one = best_of(lambda: radix_soa.replay(trace, capacity=cap), repeat + 2)
     print(f"  one replay: {one * 1e3:.1f} ms")
-    for router in radix_soa.studies.cluster.ROUTERS:
+    from radix_soa.studies.cluster import ROUTERS
+
+    for router in ROUTERS:
         radix_soa.replay_cluster(trace, workers=8, capacity=cap, router=router)  # compile
         t = best_of(lambda: radix_soa.replay_cluster(trace, workers=8, capacity=cap,
                                                      router=router), repeat + 2)
@@ -660,7 +662,7 @@ def section_containers(repeat):
                 t[mode] = time.perf_counter() - t0
                 best[mode] = min(best[mode], t[mode])
             ratios.append(t["default"] / t["serial"])
-        picks = "threads" if rows * 20 >= radix_soa.batch.PARALLEL_MIN_TOKENS else "serial"
+        picks = "threads" if rows * 20 >= radix_soa._input.run.PARALLEL_MIN_TOKENS else "serial"
         print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>7} per chunk): "
               f"serial {best['serial'] * 1e3:7.1f} ms, default {best['default'] * 1e3:7.1f} ms, "
               f"default/serial median {np.median(ratios):.3f}x")

@@ -7,35 +7,79 @@ stored as NumPy struct-of-arrays and driven by Numba kernels.
 True
 True
 
-The product (``RadixCache``, ``PrefixCache``, batches, persistence) is at the
-top level; ``radix_soa.studies`` holds the workloads, traces, replay and
-footprint studies (``rs.traces``, ``rs.workloads``, ``rs.replay``,
-``rs.sweep``, ``rs.replay_cluster``, ``rs.sweep_cluster`` are kept here too), ``radix_soa.baselines`` the pure-Python and
-array baselines.
+The product (``RadixCache``, ``PrefixCache``, ``RouterIndex``, batches, KV
+events, persistence) is loaded by ``import radix_soa``. The studies
+(``rs.traces``, ``rs.workloads``, ``rs.schedule``, ``rs.replay``,
+``rs.sweep``, ``rs.replay_cluster``, ``rs.compare_footprint`` ...) and the
+baselines (``rs.replay_reference``, ``rs.cluster_reference``) load on first
+use of their name: ``radix_soa.studies`` and ``radix_soa.baselines`` are the
+packages behind them. ``docs/design.md`` lists the layers.
 """
 
-from ._results import (BatchMatch, CacheFullError, EvictResult, Finished, InsertResult,
-                       InvariantError, Match, ReadOnlyTreeError, TreeFormatError)
+import importlib
+from typing import TYPE_CHECKING
+
+from ._tree.results import (BatchMatch, CacheFullError, EvictResult, Finished, InsertResult,
+                            InvariantError, Match, ReadOnlyTreeError, TreeFormatError)
+from ._input.batch import Batch, csr, pack
+from ._input.dedup import first_occurrence
+from ._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
+                                event_from_dict)
 from ._serving import Request
-from .batch import Batch, csr, pack
-from ._dedup import first_occurrence
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
-from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventError, event_from_dict
 from .router_index import RouterIndex
-from .studies import schedule, traces, workloads
-from .studies.replay import ReplayResult, SweepResult, replay, sweep
-from .studies.cluster import ClusterResult, ClusterSweep, replay_cluster, sweep_cluster
-from .studies.footprint import FootprintTable, compare_footprint
-from .baselines.replay_reference import replay_reference
-from .baselines.cluster_reference import cluster_reference
-from ._warmup import warmup
 
-__all__ = ["RadixCache", "PrefixCache", "Batch", "csr", "pack", "CacheFullError", "InsertResult",
-           "Match", "BatchMatch", "EvictResult", "Finished", "Request", "InvariantError", "warmup",
-           "replay", "sweep", "ReplayResult", "SweepResult", "replay_reference",
-           "replay_cluster", "sweep_cluster", "ClusterResult", "ClusterSweep", "cluster_reference",
-           "compare_footprint", "FootprintTable", "ReadOnlyTreeError", "TreeFormatError",
-           "schedule", "traces", "workloads", "first_occurrence", "RouterIndex", "BlockStored",
-           "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict"]
 __version__ = "0.2.0.dev0"
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from ._warmup import warmup
+    from .baselines.cluster_reference import cluster_reference
+    from .baselines.replay_reference import replay_reference
+    from .studies import schedule, traces, workloads
+    from .studies.cluster import ClusterResult, ClusterSweep, replay_cluster, sweep_cluster
+    from .studies.footprint import FootprintTable, compare_footprint
+    from .studies.replay import ReplayResult, SweepResult, replay, sweep
+
+# name -> (module, attribute; None: the module itself), imported on first use
+_LAZY = {
+    "traces": ("radix_soa.studies.traces", None),
+    "workloads": ("radix_soa.studies.workloads", None),
+    "schedule": ("radix_soa.studies.schedule", None),
+    "replay": ("radix_soa.studies.replay", "replay"),
+    "sweep": ("radix_soa.studies.replay", "sweep"),
+    "ReplayResult": ("radix_soa.studies.replay", "ReplayResult"),
+    "SweepResult": ("radix_soa.studies.replay", "SweepResult"),
+    "replay_cluster": ("radix_soa.studies.cluster", "replay_cluster"),
+    "sweep_cluster": ("radix_soa.studies.cluster", "sweep_cluster"),
+    "ClusterResult": ("radix_soa.studies.cluster", "ClusterResult"),
+    "ClusterSweep": ("radix_soa.studies.cluster", "ClusterSweep"),
+    "compare_footprint": ("radix_soa.studies.footprint", "compare_footprint"),
+    "FootprintTable": ("radix_soa.studies.footprint", "FootprintTable"),
+    "replay_reference": ("radix_soa.baselines.replay_reference", "replay_reference"),
+    "cluster_reference": ("radix_soa.baselines.cluster_reference", "cluster_reference"),
+    "warmup": ("radix_soa._warmup", "warmup"),
+}
+
+__all__ = ["RadixCache", "PrefixCache", "RouterIndex", "Batch", "csr", "pack", "CacheFullError",
+           "InsertResult", "Match", "BatchMatch", "EvictResult", "Finished", "Request",
+           "InvariantError", "ReadOnlyTreeError", "TreeFormatError", "first_occurrence",
+           "BlockStored", "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict",
+           *_LAZY]
+
+
+def __getattr__(name):
+    """The studies' and baselines' names, imported on first use (PEP 562)."""
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'radix_soa' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Un
 
 import numpy as np
 
-from ._event_log import begin_log_size, drop_subtree, log_size
+from ._events.event_log import begin_log_size, drop_subtree, log_size
 from ._kernels import lifecycle as KL
 from ._kernels import prefix as KP
 from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, ROOM, LOCK_LIMIT, M_INFLIGHT,
@@ -24,15 +24,15 @@ from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, RO
                               R_LAST_N, R_LAST_NODE, R_LAST_PARTIAL, R_NODE, R_PHASE, R_RESERVED,
                               R_STEPS,
                               REQUEST_SIZE, STAT_SLOTS)
-from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
+from ._tree.results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, EvictResult,
                        Finished, InvariantError, Match)
-from ._sequence import as_tokens
-from ._storage import roots_and_depths, span_positions
-from ._typing import Namespace, TokenSequence
-from ._validate import check_int
+from ._input.sequence import as_tokens
+from ._tree.storage import roots_and_depths, span_positions
+from ._input.types import Namespace, TokenSequence
+from ._input.validate import check_int
 
 if TYPE_CHECKING:
-    from ._event_log import EventLog
+    from ._events.event_log import EventLog
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
 _new = tuple.__new__  # a named tuple without its Python-level constructor

@@ -9,8 +9,6 @@ import numpy as np
 
 from .prefix_cache import PrefixCache
 from .radix_cache import RadixCache
-from .studies.cluster import ROUTERS, replay_cluster
-from .studies.replay import replay
 
 
 def warmup(dtypes=(np.int64,)):
@@ -79,6 +77,8 @@ def warmup_replay():
     >>> warmup_replay()
     6
     """
+    from .studies.replay import replay  # the studies load on first use
+
     rng = np.random.default_rng(0)
     # distinct requests under a small capacity: dead token runs pile up and
     # compaction runs mid-replay; repeats give hits from both tiers
@@ -100,6 +100,8 @@ def warmup_cluster():
     >>> warmup_cluster()
     6
     """
+    from .studies.cluster import ROUTERS, replay_cluster
+
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, 50, size=int(rng.integers(1, 300))) for _ in range(40)]
     for router in ROUTERS:

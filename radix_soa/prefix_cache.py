@@ -15,23 +15,24 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 from numpy.typing import DTypeLike
 
-from . import _event_log
-from ._block_hash import check_event_hash, none_hash
-from ._base import TreeCache
+from ._events import event_log
+from ._events.block_hash import check_event_hash, none_hash
+from ._tree.base import TreeCache
 from ._serving import ServingMixin
-from ._invariants import check_tree
+from ._tree.invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import prefix as KP
 from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS, M_POLICY,
                              M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
-from ._results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
+from ._tree.results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
                        EvictResult, InsertResult, InvariantError, Match, TreeFormatError)
-from ._sequence import as_tokens, as_values, check_fits
-from ._typing import BatchLike, Namespace, Parallel, TokenSequence
-from ._storage import TreeStorage, batch_plan, span_positions
-from ._validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
+from ._input.sequence import as_tokens, as_values, check_fits
+from ._input.types import BatchLike, Namespace, Parallel, TokenSequence
+from ._tree.storage import TreeStorage, batch_plan, span_positions
+from ._input.validate import (MAX_COUNT, MAX_PAGE, MAX_SEQUENCE_TOKENS, check_int, check_length,
                         check_policy)
-from .batch import Batch, as_batches, map_batches, pack_one, use_parallel
+from ._input.batch import Batch, as_batches, pack
+from ._input.run import map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
@@ -81,12 +82,12 @@ class PrefixCache(ServingMixin, TreeCache):
     ``"fast64"`` (the default: 64-bit, chained in the kernels) or vLLM's
     ``"sha256_cbor"`` (32 bytes, byte-identical to vLLM's block hashes,
     ``event_hash_seed`` the engines' ``PYTHONHASHSEED``; see
-    ``radix_soa._block_hash`` for how namespaces map to vLLM's extra keys).
+    ``radix_soa._events.block_hash`` for how namespaces map to vLLM's extra keys).
 
     Node handles (``Match.node``, ``InsertResult.node``) are ints that stay
     valid while the node lives; a handle to an evicted node is rejected.
 
-    Safe to share between threads (see ``radix_soa._base``): writes hold the
+    Safe to share between threads (see ``radix_soa._tree.base``): writes hold the
     cache's lock, ``match_length`` reads without it and the batch reads
     release the GIL; between two calls (``match`` then ``lock``)
     another thread may evict the node, and ``lock`` then raises
@@ -127,7 +128,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 raise ValueError("event_hash='sha256_cbor' needs events=True")
             seed = none_hash(event_hash_seed)
         if events:
-            self._events = _event_log.EventLog(page_size, seed)
+            self._events = event_log.EventLog(page_size, seed)
 
     @staticmethod
     def _new_storage(dtype, values, page_size, policy):
@@ -460,7 +461,7 @@ class PrefixCache(ServingMixin, TreeCache):
             if root < 0:
                 root, ns = self._root(namespace)
             ev = None if self._events is None else self._events.ev(
-                self, _event_log.log_size(n, self._page))
+                self, event_log.log_size(n, self._page))
             status, cached, v, gen, freed = KP.pc_insert_one(s.D, s.like, root, ns, q, n, vals,
                                                              self._page, cap, out, priority, ev)
             if status == ROOM:
@@ -497,7 +498,7 @@ class PrefixCache(ServingMixin, TreeCache):
         self._writable()
         if type(priority) is not int or priority:
             self._check_priority(priority)
-        b = pack_one(batch)
+        b = pack(batch)
         if s.narrow:
             check_fits(b.flat, s.dtype)
         if len(b):
@@ -505,7 +506,7 @@ class PrefixCache(ServingMixin, TreeCache):
         if s.has_values:
             if values is None:
                 raise ValueError("this cache keeps a value per token; pass values=")
-            vb = pack_one(values)
+            vb = pack(values)
             if not np.array_equal(vb.offsets - vb.offsets[0], b.offsets - b.offsets[0]):
                 raise ValueError("values must have one value per token of every sequence")
             vflat = np.ascontiguousarray(vb.flat)
@@ -531,7 +532,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 self._roots_in_sync()
             cap = self._kernel_cap()
             ev = None if self._events is None else self._events.ev(
-                self, _event_log.log_size(flat.shape[0], self._page, len(b)))
+                self, event_log.log_size(flat.shape[0], self._page, len(b)))
             grew: list = []
             s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
                                              cap, cursor, cached, out, priority, ev),

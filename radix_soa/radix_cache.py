@@ -6,18 +6,19 @@ from typing import Iterator, Tuple
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._base import TreeCache
-from ._invariants import check_tree
+from ._tree.base import TreeCache
+from ._tree.invariants import check_tree
 from ._kernels import descent as KD
 from ._kernels import ids as KI
 from ._kernels import mutation as KM
 from ._kernels import walks as KW
 from ._kernels.layout import M_NODE_END, ROOM
-from ._sequence import as_tokens, check_fits
-from ._storage import TreeStorage, batch_plan
-from ._validate import MAX_SEQUENCE_TOKENS, check_length
-from ._typing import BatchLike, Parallel, Progress, TokenSequence
-from .batch import as_batches, map_batches, run_batches
+from ._input.sequence import as_tokens, check_fits
+from ._tree.storage import TreeStorage, batch_plan
+from ._input.validate import MAX_SEQUENCE_TOKENS, check_length
+from ._input.types import BatchLike, Parallel, Progress, TokenSequence
+from ._input.batch import as_batches
+from ._input.run import map_batches, run_batches
 
 
 class RadixCache(TreeCache):
@@ -42,7 +43,7 @@ class RadixCache(TreeCache):
     signed 64-bit token; ``np.int32``/``np.uint16``... halve or quarter the
     buffer and raise ``OverflowError`` on tokens that do not fit.
 
-    Safe to share between threads (see ``radix_soa._base``): writes take the
+    Safe to share between threads (see ``radix_soa._tree.base``): writes take the
     cache's lock, reads see the tree as it was at some instant of the call.
     An exception leaves the tree as it was or as the call made it (a batch:
     a prefix of it inserted).
@@ -198,13 +199,13 @@ class RadixCache(TreeCache):
         ``batch``: a list of sequences, a ``Batch``, a ``(flat, offsets)``
         tuple of NumPy arrays, a pyarrow List/LargeList/Chunked array, or
         any Arrow-speaking column (polars, pandas ``ArrowDtype``, Hugging
-        Face ``datasets``, DuckDB; see ``radix_soa.batch.as_batches``).
+        Face ``datasets``, DuckDB; see ``radix_soa._input.batch.as_batches``).
         ``parallel``: None (default) uses Numba's threads for each batch (or
         chunk of a chunked column) of at least
-        ``radix_soa.batch.PARALLEL_MIN_TOKENS`` tokens; True/False forces it.
+        ``radix_soa._input.run.PARALLEL_MIN_TOKENS`` tokens; True/False forces it.
         ``NUMBA_NUM_THREADS`` caps the threads. ``progress=True`` shows a
         ``tqdm`` bar (the ``progress`` extra) for the call, updated every
-        ``radix_soa.batch.PROGRESS_STEP`` tokens; a callable
+        ``radix_soa._input.run.PROGRESS_STEP`` tokens; a callable
         ``progress(done, total)`` (in tokens) is called instead.
 
         >>> rc = RadixCache(); _ = rc.insert_batch([[1, 2], [3]])

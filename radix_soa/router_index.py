@@ -14,14 +14,14 @@ import operator
 
 import numpy as np
 
-from ._base import ReadersWriter
-from ._block_hash import block_hashes, check_event_hash, key64, none_hash
+from ._tree.base import ReadersWriter
+from ._events.block_hash import block_hashes, check_event_hash, key64, none_hash
 from ._kernels import router as KR
-from ._kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
+from ._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                          event_from_dict, namespace_seed)
-from ._sequence import as_tokens
-from ._validate import MAX_PAGE, check_int
-from .batch import as_batches
+from ._input.sequence import as_tokens
+from ._input.validate import MAX_PAGE, check_int
+from ._input.batch import as_batches
 
 __all__ = ["RouterIndex"]
 

@@ -75,7 +75,7 @@ def test_memory_report_counts_are_data():
 def write_header(path, header):
     """Write an edited header with its checksum recomputed (an edit the
     checksum cannot see)."""
-    from radix_soa._persist import header_crc
+    from radix_soa._tree.persist import header_crc
     header["header_crc32"] = header_crc(header)
     (path / "header.json").write_text(json.dumps(header))
 
@@ -98,7 +98,7 @@ def _as_version_1(path):
     meta[13:] = 0
     table = np.load(path / "table.npy")
     table = np.where(table >= 0, table & 0xFFFFFFFF, -1).astype(np.int32)
-    from radix_soa._persist import _crc
+    from radix_soa._tree.persist import _crc
     for name, arr in (("meta", meta), ("start", start), ("table", table)):
         np.save(path / f"{name}.npy", arr)
         header["arrays"][name] = {"dtype": arr.dtype.name, "length": int(arr.shape[0]),
@@ -182,7 +182,7 @@ def test_the_storage_declares_each_array_it_publishes():
     ``_publish`` sets) name every array of the tree, and only attributes a
     storage really has."""
     from radix_soa._kernels.layout import TREE_FIELDS
-    from radix_soa._storage import TreeStorage
+    from radix_soa._tree.storage import TreeStorage
 
     declared = set(TreeStorage.__annotations__)
     assert set(TREE_FIELDS) <= declared
@@ -196,7 +196,7 @@ def test_the_serving_mixin_declares_without_defining():
     checkers only: none of it is a class attribute that could shadow
     ``TreeCache``'s (later in the method resolution order)."""
     from radix_soa import PrefixCache
-    from radix_soa._base import TreeCache
+    from radix_soa._tree.base import TreeCache
     from radix_soa._serving import ServingMixin
 
     declared = set(ServingMixin.__annotations__)

@@ -3,7 +3,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import radix_soa as rs
-from radix_soa import Batch, RadixCache, _storage, pack
+from radix_soa import Batch, RadixCache, pack
+from radix_soa._input import batch as _batch
+from radix_soa._input import run as _run
+from radix_soa._tree import storage as _storage
 from radix_soa._kernels.layout import EMPTY
 
 from naive import NaiveSequenceSet
@@ -322,11 +325,11 @@ def test_arrow_inputs_equal_list_inputs(name, arr, data):
 
 def test_arrow_values_are_read_without_a_copy():
     arr = pa.array([[1, 2, 3], [4, 5]], type=pa.list_(pa.int32()))
-    (b,) = rs.batch.as_batches(arr)
+    (b,) = _batch.as_batches(arr)
     values = np.frombuffer(arr.values.buffers()[1], dtype=np.int32)
     assert b.flat.dtype == np.int32 and np.shares_memory(b.flat, values)
     sliced = arr.slice(1, 1)
-    (bs,) = rs.batch.as_batches(sliced)
+    (bs,) = _batch.as_batches(sliced)
     assert bs.flat.tolist() == [4, 5] and np.shares_memory(bs.flat, values)
 
 
@@ -357,8 +360,8 @@ def test_chunked_insert_is_all_or_nothing():
 
 def test_parallel_default_is_serial_for_small_batches():
     small = [pack([[1, 2]])]
-    assert rs.batch.use_parallel(None, small) is False
-    assert rs.batch.use_parallel(True, small) is True
+    assert _run.use_parallel(None, small) is False
+    assert _run.use_parallel(True, small) is True
 
 
 def test_batch_slices_share_the_buffer():
@@ -384,7 +387,7 @@ def test_traces_are_batches_unless_they_mix_namespaces():
 
 
 def test_progress_reports_cover_every_token_and_change_no_answer(monkeypatch):
-    monkeypatch.setattr(rs.batch, "PROGRESS_STEP", 50)  # many slices on a small batch
+    monkeypatch.setattr(_run, "PROGRESS_STEP", 50)  # many slices on a small batch
     seqs = rs.workloads.generate("multi_turn", n=10)
     plain = RadixCache()
     want_new = plain.insert_batch(seqs)

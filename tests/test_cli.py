@@ -15,6 +15,7 @@ import pytest
 import radix_soa
 from radix_soa import workloads
 from radix_soa.cli import default_capacities, main
+from radix_soa.studies.study import generated_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -117,10 +118,10 @@ def test_the_summary_names_the_first_capacity_reaching_90_percent(capsys):
 
 
 def test_replay_time_leaves_out_compilation(capsys, monkeypatch):
-    import radix_soa.cli as cli
+    from radix_soa.cli import study as cli_study
     calls = []
-    real = cli.warmup_replay
-    monkeypatch.setattr(cli, "warmup_replay", lambda: calls.append(1) or real())
+    real = cli_study.warmup_replay
+    monkeypatch.setattr(cli_study, "warmup_replay", lambda: calls.append(1) or real())
     run_json(capsys, *SMALL, "--points", "2")
     assert calls == [1]  # the kernels are compiled before the first timed replay
 
@@ -147,41 +148,20 @@ def test_json_hit_rates_equal_a_direct_sweep(capsys):
 
 # what radix-soa 0.1's ``study --json`` wrote for each replay (its
 # "unbounded" and every "sweep" row); the *_tokens counts were ids
-V01_REPLAY_KEYS = [
-    "requests", "capacity", "host_capacity", "page_size", "schedule", "window", "block_size",
-    "total_tokens", "hit_tokens", "host_hit_tokens", "request_hit_rate", "prefill_tokens",
-    "prefill_tokens_saved", "rejected", "evicted_tokens", "host_evicted_tokens", "peak_tokens",
-    "final_tokens", "peak_index_bytes", "final_index_bytes", "seconds", "hit_rate",
-    "host_hit_rate", "combined_hit_rate", "prefill_saved_fraction"]
-OLD_TO_NEW = {"total_tokens": "total_ids", "hit_tokens": "hit_ids",
-              "host_hit_tokens": "host_hit_ids", "evicted_tokens": "evicted_ids",
-              "host_evicted_tokens": "host_evicted_ids", "peak_tokens": "peak_ids",
-              "final_tokens": "final_ids"}
-
-
-def test_json_keeps_the_old_names_of_the_id_counts(capsys, tmp_path):
-    """Deprecated until 0.3: every key 0.1 wrote is still there, the old
-    ``*_tokens`` names holding the id counts (blocks on a Mooncake trace)."""
+def test_json_counts_ids_under_the_id_names(capsys, tmp_path):
+    """``--json`` writes each replay's ``summary()``: the id counts under
+    their ``*_ids`` names (blocks on a Mooncake trace), nothing else."""
     path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
     doc = run_json(capsys, "--trace", str(path), "--capacities", "4,6", "--host-capacity", "3")
-    assert doc["deprecated_keys"] == OLD_TO_NEW
     for r in [doc["unbounded"], *doc["sweep"]]:
-        assert set(V01_REPLAY_KEYS) <= set(r)
-        for old, new in OLD_TO_NEW.items():
-            assert r[old] == r[new]
+        assert list(r) == list(radix_soa.replay([[1]]).summary())
+        assert not {"total_tokens", "hit_tokens", "peak_tokens"} & set(r)
     # blocks, not tokens: request 2 hits 3 blocks, request 3 one, request 4 four
-    assert doc["unbounded"]["hit_tokens"] == 8 and doc["unbounded"]["total_tokens"] == 14
+    assert doc["unbounded"]["hit_ids"] == 8 and doc["unbounded"]["total_ids"] == 14
     small = doc["sweep"][0]  # capacity 4: evicts, and the host tier takes what it evicts
-    assert small["evicted_tokens"] > 0 and small["host_evicted_tokens"] == \
-        small["host_evicted_ids"]
-    assert small["peak_tokens"] == small["peak_ids"] <= 4
-    # the new keys come first, in the order the Python API's summary() has them
-    keys = list(doc["unbounded"])
-    assert keys[-len(OLD_TO_NEW):] == list(OLD_TO_NEW)
-    assert keys[:-len(OLD_TO_NEW)] == list(radix_soa.replay([[1]]).summary())
-    # the CSV never had the old names (it came with the new ones): nothing added there
-    code, out, err = run(capsys, "study", "--trace", str(path), "--capacities", "2", "--csv")
-    assert code == 0 and "hit_tokens" not in out.splitlines()[0]
+    assert small["evicted_ids"] > 0
+    assert small["peak_ids"] <= 4
+    assert "deprecated_keys" not in doc
 
 
 def test_json_with_explicit_capacities_and_replay_options(capsys):
@@ -271,10 +251,10 @@ def rendered_overlaps(fig):
 
 def test_plot_panels_title_and_ticks(capsys, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    import radix_soa.cli as cli
+    from radix_soa.cli import study as cli_study
     figures = []
-    real = cli.plot_figure
-    monkeypatch.setattr(cli, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
+    real = cli_study.plot_figure
+    monkeypatch.setattr(cli_study, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
                         or figures[-1])
     path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
     code, _, err = run(capsys, "study", "--trace", str(path), "--capacities",
@@ -372,6 +352,10 @@ def test_capacities_in_tokens_and_bytes_of_kv(capsys, tmp_path):
     assert doc["capacities"] == [12, 476] and doc["kv_bytes_per_token"] == 163840
     assert doc["settings"]["host_capacity"] == 1_000_000_000 // (512 * 163840)
     assert doc["capacities_in_unit"] == [12 * 512 * 163840, 476 * 512 * 163840]
+    # a B suffix sets the unit: --capacity-unit bytes may be left out
+    suffixed = run_json(capsys, *trace, "--kv-bytes-per-token", "160KiB",
+                        "--capacities", "40GB,1GiB", "--host-capacity", "1GB")
+    assert suffixed["capacities"] == doc["capacities"] and suffixed["capacity_unit"] == "bytes"
     code, out, err = run(capsys, "study", *trace, "--capacity-unit", "bytes",
                          "--kv-bytes-per-token", "160KiB", "--capacities", "40GB")
     assert code == 0, err
@@ -437,7 +421,13 @@ def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
     (["--trace", "{tmp}/odd.txt"], "cannot tell the trace format: it starts with 'hello"),
     (["--trace", "{tmp}/bad.jsonl", "--format", "kvcache-tester"],
      "looks like a mooncake trace, not kvcache-tester"),
-    (["--capacity-unit", "bytes"], "--capacity-unit bytes needs --kv-bytes-per-token"),
+    (["--capacity-unit", "bytes"], "capacities in bytes need --kv-bytes-per-token"),
+    (["--capacities", "10GB"], "capacities in bytes need --kv-bytes-per-token"),
+    (["--capacities", "10GB", "--capacity-unit", "tokens", "--kv-bytes-per-token", "1KiB"],
+     "--capacities is in bytes (a B suffix, as in 10GB) but --capacity-unit is tokens"),
+    (["--capacities", "10GB,5000"], "mixes sizes in bytes"),
+    (["--capacities", "10GB", "--host-capacity", "300", "--kv-bytes-per-token", "1KiB"],
+     "--capacities is in bytes (a B suffix) but --host-capacity is not"),
     (["--capacity-unit", "blocks"], "invalid choice: 'blocks'"),
     (["--kv-bytes-per-token", "0"], "--kv-bytes-per-token must be >= 1"),
     (["--kv-bytes-per-token", "lots"], "is not an integer"),
@@ -554,7 +544,7 @@ def test_cluster_study_prints_a_row_per_workers_router_and_capacity(capsys):
         (w, r, c) for w in ("1", "3") for r in ("round_robin", "cache_aware")
         for c in ("500", "2,000")]
     # the numbers are the library's
-    trace = radix_soa.studies.study.generated_trace("chat", 300, 3)[0]
+    trace = generated_trace("chat", 300, 3)[0]
     direct = radix_soa.replay_cluster(trace, workers=3, capacity=2000, router="cache_aware")
     assert rows[-1][3] == f"{direct.hit_rate:.3f}"
     assert rows[-1][6] == f"{direct.load_imbalance:.2f}"  # "prefill saved" takes two cells
@@ -568,7 +558,7 @@ def test_cluster_study_json_and_csv(capsys, tmp_path):
     assert doc["settings"]["routers"] == ["round_robin", "cache_aware"]
     caps = doc["settings"]["capacities"]
     assert len(caps) == 4 and len(doc["rows"]) == 2 * 2 * 4  # 4 capacities by default
-    trace = radix_soa.studies.study.generated_trace("chat", 300, 3)[0]
+    trace = generated_trace("chat", 300, 3)[0]
     row = doc["rows"][-1]
     direct = radix_soa.replay_cluster(trace, workers=3, capacity=caps[-1], router="cache_aware")
     assert row["hit_rate"] == direct.hit_rate

@@ -12,10 +12,11 @@ import radix_soa as rs
 from radix_soa import replay, replay_cluster, sweep_cluster
 from radix_soa._kernels import cluster as KC
 from radix_soa.baselines.cluster_reference import cluster_reference
+from radix_soa.studies.cluster import ROUTERS as CLUSTER_ROUTERS
 from radix_soa.studies.traces import Trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
-ROUTERS = list(rs.studies.cluster.ROUTERS)
+ROUTERS = list(CLUSTER_ROUTERS)
 
 
 def trace_of(seqs, namespaces=None, times=None, outputs=None, block_size=1):
@@ -85,7 +86,7 @@ def long_trace(n=120, seed=0, decode=True):
 def test_trees_grow_mid_replay_and_the_replay_resumes(router, monkeypatch):
     # the trees are sized for a fair share of the trace; these routers keep
     # requests sharing a long prefix together, so one worker outgrows it
-    from radix_soa import _storage
+    from radix_soa._tree import storage as _storage
     grew = []
     reserve = _storage.TreeStorage.reserve
 
@@ -233,7 +234,7 @@ def test_the_result_adds_up_over_workers():
 
 
 def test_without_the_directory_the_replay_gives_the_same_answers(monkeypatch):
-    from radix_soa import _storage
+    from radix_soa._tree import storage as _storage
     tr = long_trace(40, seed=5)
     kw = dict(workers=2, capacity=6_000, router="kv_overlap")
     expected = replay_cluster(tr, **kw)

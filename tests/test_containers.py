@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import radix_soa as rs
-from radix_soa import batch as B
+from radix_soa._input import batch as B
+from radix_soa._input import run as R
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is an optional dependency (the arrow extra)")
 
@@ -46,10 +47,12 @@ def test_polars_series(rc):
         assert rs.pack(s) == rs.pack(SEQS)
 
 
-def test_polars_chunked_series_and_one_column_frame(rc):
+def test_polars_chunked_series_and_one_column_frame(rc, monkeypatch):
     pl = pytest.importorskip("polars")
     s = pl.concat([pl.Series("t", SEQS[:3]), pl.Series("t", SEQS[3:])], rechunk=False)
     assert s.n_chunks() == 2
+    assert len(B.as_batches(s)) == 1  # small chunks are joined
+    monkeypatch.setattr(B, "JOIN_TOKENS", 0)
     assert len(B.as_batches(s)) == 2
     assert answers(rc, s) == expected(rc)
     assert answers(rc, pl.DataFrame({"tokens": SEQS})) == expected(rc)
@@ -154,7 +157,8 @@ class StreamOnly(CapsuleOnly):
     __arrow_c_array__ = None
 
 
-def test_any_pycapsule_object(rc):
+def test_any_pycapsule_object(rc, monkeypatch):
+    monkeypatch.setattr(B, "JOIN_TOKENS", 0)  # one batch per chunk
     assert answers(rc, CapsuleOnly(pa.array(SEQS))) == expected(rc)
     chunked = pa.chunked_array([pa.array(SEQS[:2]), pa.array(SEQS[2:])])
     assert answers(rc, StreamOnly(chunked)) == expected(rc)
@@ -173,6 +177,23 @@ def test_without_pyarrow_arrow_data_names_the_extra(rc, monkeypatch):
     assert answers(rc, np.array([np.array(s) for s in SEQS], dtype=object)) == expected(rc)
 
 
+def test_small_chunks_are_joined_and_large_ones_stay_views(monkeypatch):
+    monkeypatch.setattr(B, "JOIN_TOKENS", 10)
+    chunks = [pa.array([[i, i]]) for i in range(7)] + [pa.array([list(range(12))])] \
+        + [pa.array([[9]])] * 3
+    col = pa.chunked_array(chunks)
+    parts = B.as_batches(col)
+    # 2 tokens a chunk: five of them reach 10; then two left over before the
+    # large chunk, which stays a view of its own buffer; the last three joined
+    assert [len(p) for p in parts] == [5, 2, 1, 3]
+    large = chunks[7].values
+    assert parts[2].flat.ctypes.data == large.buffers()[1].address + 8 * large.offset
+    assert rs.pack(col) == rs.pack(col.to_pylist())
+    assert [b.flat.tolist() for b in parts] == [rs.pack(c).flat.tolist() for c in (
+        pa.chunked_array(chunks[:5]).to_pylist(), chunks[5].to_pylist() + chunks[6].to_pylist(),
+        chunks[7].to_pylist(), [[9], [9], [9]])]
+
+
 # ------------------------------------------------------------------ Hugging Face datasets
 
 @pytest.fixture
@@ -188,7 +209,8 @@ def dataset(tmp_path):
     return ds, seqs
 
 
-def test_datasets_column_is_read_from_its_arrow_table(rc, dataset):
+def test_datasets_column_is_read_from_its_arrow_table(rc, dataset, monkeypatch):
+    monkeypatch.setattr(B, "JOIN_TOKENS", 0)  # one zero-copy batch per chunk
     ds, seqs = dataset
     col = ds["tokens"]
     assert answers(rc, col) == expected(rc, seqs)
@@ -326,19 +348,19 @@ def test_int64_arrays_are_converted_with_the_type_given(monkeypatch):
 # ------------------------------------------------------------------ threads per chunk
 
 def test_use_parallel_default_needs_every_batch_large(monkeypatch):
-    monkeypatch.setattr(B, "_threads", lambda: 2)
-    large = B.Batch(np.zeros(B.PARALLEL_MIN_TOKENS, np.int64), np.array([0, B.PARALLEL_MIN_TOKENS]))
+    monkeypatch.setattr(R, "_threads", lambda: 2)
+    large = B.Batch(np.zeros(R.PARALLEL_MIN_TOKENS, np.int64), np.array([0, R.PARALLEL_MIN_TOKENS]))
     small = B.Batch(np.zeros(10, np.int64), np.array([0, 10]))
-    assert B.use_parallel(None, [large, large])
-    assert not B.use_parallel(None, [large] + [small] * 1000)  # the total alone is large
-    assert not B.use_parallel(None, [])
-    monkeypatch.setattr(B, "_threads", lambda: 1)
-    assert not B.use_parallel(None, [large])
-    assert B.use_parallel(True, [small])
+    assert R.use_parallel(None, [large, large])
+    assert not R.use_parallel(None, [large] + [small] * 1000)  # the total alone is large
+    assert not R.use_parallel(None, [])
+    monkeypatch.setattr(R, "_threads", lambda: 1)
+    assert not R.use_parallel(None, [large])
+    assert R.use_parallel(True, [small])
 
 
 def test_run_batches_decides_per_chunk(monkeypatch):
-    large = B.Batch(np.zeros(B.PARALLEL_MIN_TOKENS, np.int64), np.array([0, B.PARALLEL_MIN_TOKENS]))
+    large = B.Batch(np.zeros(R.PARALLEL_MIN_TOKENS, np.int64), np.array([0, R.PARALLEL_MIN_TOKENS]))
     small = B.Batch(np.zeros(10, np.int64), np.array([0, 5, 10]))
     calls = []
 
@@ -355,9 +377,9 @@ def test_run_batches_decides_per_chunk(monkeypatch):
             (1, None, ["serial"] * 3),
             (2, True, ["threaded"] * 3),
             (2, False, ["serial"] * 3)):
-        monkeypatch.setattr(B, "_threads", lambda: threads)
+        monkeypatch.setattr(R, "_threads", lambda: threads)
         calls.clear()
-        out = B.run_batches([small, large, small], np.int64, parallel, serial, threaded)
+        out = R.run_batches([small, large, small], np.int64, parallel, serial, threaded)
         assert calls == want
         assert out.tolist() == [1 if c == "serial" else 2 for c, n in zip(want, (2, 1, 2))
                                 for _ in range(n)]

@@ -278,7 +278,7 @@ def test_a_damaged_directory_is_refused(client, tmp_path):
         rsd.load(tmp_path / "t", client=client)
     h = json.loads(good)
     h["sequences"][0] += 1
-    from radix_soa._persist import header_crc
+    from radix_soa._tree.persist import header_crc
     h["header_crc32"] = header_crc(h)
     header.write_text(json.dumps(h))
     with pytest.raises(rs.TreeFormatError, match="shard 0 holds"):

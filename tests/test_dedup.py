@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import radix_soa as rs
-from radix_soa import _dedup
+from radix_soa._input import dedup as _dedup
 
 
 def by_dict(seqs):

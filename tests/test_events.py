@@ -238,7 +238,7 @@ def vllm_block_hashes(tokens, page, seed, lora=None, salt=None):
 
 def test_the_cbor_encoder_writes_what_cbor2_writes():
     cbor2 = pytest.importorskip("cbor2", reason="cbor2 (the dev extra) is the reference")
-    from radix_soa._block_hash import cbor
+    from radix_soa._events.block_hash import cbor
     values = [None, True, False, 0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
               2**63, 2**64 - 1, 2**64, 2**200, -1, -24, -25, -2**64, -2**64 - 1, -2**90,
               b"", b"x" * 23, b"y" * 300, "", "tenant", "é" * 40, (), [1, [2, (3, None)]],
@@ -345,5 +345,5 @@ def test_sha256_cbor_options_are_checked():
                         event_hash_seed=b"\x01" * 32)  # a NONE_HASH read off an engine
     pc.insert([4])
     h, = pc.take_events()[0].block_hashes
-    from radix_soa._block_hash import sha256_cbor
+    from radix_soa._events.block_hash import sha256_cbor
     assert h == sha256_cbor((b"\x01" * 32, (4,), None))

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import radix_soa as rs
-from radix_soa import PrefixCache, RadixCache, _storage
-from radix_soa._invariants import InvariantError
+from radix_soa import PrefixCache, RadixCache
+from radix_soa._tree import storage as _storage
+from radix_soa._tree.invariants import InvariantError
 
 RNG = np.random.default_rng(7)
 BASE = [RNG.integers(0, 5, size=int(n)).tolist() for n in RNG.integers(1, 12, size=30)]

@@ -9,8 +9,8 @@ from radix_soa import PrefixCache, RadixCache
 from radix_soa._kernels import descent as KD
 from radix_soa._kernels import table as KT
 from radix_soa._kernels.layout import DONE, ROOM
-from radix_soa._results import InvariantError
-from radix_soa._storage import TreeStorage, resume
+from radix_soa._tree.results import InvariantError
+from radix_soa._tree.storage import TreeStorage, resume
 
 
 def common_reference(a, b):
@@ -214,7 +214,7 @@ def test_the_directory_rebuilds_every_array_of_the_tree(dtype):
 
 
 def test_without_the_directory_every_call_gives_the_same_answers(monkeypatch):
-    from radix_soa import _storage
+    from radix_soa._tree import storage as _storage
 
     def run():
         rng = np.random.default_rng(11)

@@ -1,60 +1,54 @@
-"""The package's shape: layers whose imports point down, kernels in modules
-of one job each, the deprecated import paths, and the kernel options."""
+"""The package's shape: the layers of ``docs/design.md`` (imports point
+down its table), kernels in modules of one job each, and the kernel options."""
 
 import ast
 import importlib
+import re
 import shutil
+import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pytest
 from numba import njit
 
 import radix_soa as rs
-from radix_soa import _deprecated
 from radix_soa._kernels import config, kernel_source_hash, layout
 
 PACKAGE = Path(rs.__file__).resolve().parent
+DESIGN = PACKAGE.parent / "docs" / "design.md"
 
-# Layers bottom up; a module may import only its own layer or lower ones.
-# The deprecated shims are left out (they only forward to the new modules).
-LAYERS = {
-    "kernels": 0,       # radix_soa._kernels.*
-    "results": 1,       # _results, _validate, _typing
-    "storage": 2,       # _storage
-    "input": 3,         # _sequence, _arrow, batch, _dedup
-    "product": 4,       # the caches, persistence, invariants
-    "baselines": 5,     # radix_soa.baselines.*
-    "studies": 6,       # radix_soa.studies.*
-    "front": 7,         # cli, _warmup, the package itself
-}
-PRODUCT = {"radix_cache", "prefix_cache", "_serving", "_persist", "_invariants", "_base",
-           "_event_log", "router_index"}
+
+def layer_table():
+    """``[(layer, [path, ...]), ...]`` bottom up, from the table under the
+    "Layers" heading of docs/design.md (paths relative to the repository)."""
+    text = DESIGN.read_text()
+    section = text[text.index("## Layers"):]
+    rows = []
+    for ln in section.splitlines()[1:]:
+        if ln.startswith("## "):
+            break
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
+            continue
+        rows.append((cells[0], re.findall(r"`(radix_soa/[^`]*)`", cells[1])))
+    return rows
+
+
+TABLE = layer_table()
+LAYERS = {name: i for i, (name, _) in enumerate(TABLE)}
+WHERE = sorted(((p, name) for name, paths in TABLE for p in paths), key=lambda x: -len(x[0]))
 
 
 def layer_of(module):
+    """The layer of ``module``: its row of the table (longest path prefix)."""
     parts = module.split(".")
     assert parts[0] == "radix_soa"
-    if len(parts) == 1:
-        return "front"
-    head = parts[1]
-    if head == "_kernels":
-        return "kernels"
-    if head in ("baselines", "studies"):
-        return head
-    if head in ("_results", "_validate", "_typing", "_kv_events", "_block_hash"):
-        return "results"
-    if head == "_storage":
-        return "storage"
-    if head in ("_sequence", "_arrow", "batch", "_dedup"):
-        return "input"
-    if head in PRODUCT:
-        return "product"
-    if head in ("cli", "_warmup", "dask"):
-        return "front"
-    raise AssertionError(f"module {module} has no layer: add it to tests/test_layers.py")
+    path = MODULES[module].relative_to(PACKAGE.parent).as_posix()
+    for where, name in WHERE:
+        if path == where or (where.endswith("/") and path.startswith(where)):
+            return name
+    raise AssertionError(f"module {module} ({path}) is in no row of docs/design.md's layer table")
 
 
 def package_modules():
@@ -64,10 +58,7 @@ def package_modules():
         parts = list(rel.parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        name = ".".join(parts)
-        if name in _deprecated.MOVES or name == "radix_soa._deprecated":
-            continue
-        out[name] = path
+        out[".".join(parts)] = path
     return out
 
 
@@ -98,9 +89,32 @@ MODULES = package_modules()
 GRAPH = {m: imports_of(m, p) for m, p in MODULES.items()}
 
 
-def test_every_module_has_a_layer():
-    for m in MODULES:
-        layer_of(m)
+def test_the_layer_table_is_read_and_names_only_paths_that_exist():
+    assert [name for name, _ in TABLE] == ["kernels", "input", "tree", "events", "product",
+                                           "baselines", "studies", "front ends"]
+    for _, paths in TABLE:
+        for p in paths:
+            assert (PACKAGE.parent / p).exists(), p
+
+
+def test_every_module_has_a_layer_whose_row_names_it():
+    text = DESIGN.read_text()
+    section = text[text.index("## Layers"):]
+    rows = {ln.strip().strip("|").split("|")[0].strip(): ln for ln in section.splitlines()
+            if ln.startswith("| ")}
+    for m, path in MODULES.items():
+        row = rows[layer_of(m)]
+        stem = path.parent.name if path.name == "__init__.py" else path.stem
+        assert f"`{stem}`" in row or f"`{path.relative_to(PACKAGE.parent).as_posix()}`" in row \
+            or f"`{path.parent.relative_to(PACKAGE.parent).as_posix()}/`" in row, (m, row[:40])
+
+
+def test_the_package_top_holds_only_the_product_and_the_front_ends():
+    top = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    loose = [n for n in top if n.endswith(".py")]
+    assert {layer_of(f"radix_soa.{n[:-3]}" if n != "__init__.py" else "radix_soa")
+            for n in loose} <= {"product", "front ends"}
+    assert len(top) <= 18, top
 
 
 def test_imports_point_down_the_layers():
@@ -110,9 +124,28 @@ def test_imports_point_down_the_layers():
 
 
 def test_the_product_never_imports_studies_baselines_or_the_cli():
-    bad = [(m, dep) for m, deps in GRAPH.items() if layer_of(m) in ("product", "input", "storage")
-           for dep in deps if layer_of(dep) in ("studies", "baselines", "front")]
+    bad = [(m, dep) for m, deps in GRAPH.items()
+           if LAYERS[layer_of(m)] <= LAYERS["product"]
+           for dep in deps if dep in MODULES
+           and layer_of(dep) in ("studies", "baselines", "front ends")]
     assert bad == []
+
+
+def test_the_oracles_compute_without_kernels():
+    oracles = [m for m in MODULES if m.startswith("radix_soa.baselines.")
+               and "reference" in m.rsplit(".", 1)[1]]
+    assert len(oracles) == 5
+    assert [(m, d) for m in oracles for d in GRAPH[m] if d.startswith("radix_soa._kernels")] == []
+
+
+def test_import_radix_soa_loads_no_study_baseline_or_front_end():
+    code = ("import sys, radix_soa; print(sorted(m for m in sys.modules "
+            "if m.startswith('radix_soa')))")
+    loaded = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout)
+    assert "radix_soa.prefix_cache" in loaded
+    assert not [m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in
+                ("studies", "baselines", "dask", "cli", "integrations", "_warmup")]
 
 
 def test_no_import_cycles():
@@ -156,7 +189,7 @@ def test_layout_index_constants_match_the_tree_fields():
 def test_result_types_belong_to_the_product():
     for cls in (rs.Match, rs.InsertResult, rs.EvictResult, rs.CacheFullError, rs.InvariantError,
                 rs.ReadOnlyTreeError, rs.TreeFormatError):
-        assert cls.__module__ == "radix_soa._results"
+        assert cls.__module__ == "radix_soa._tree.results"
     from radix_soa.baselines import reference_prefix
     assert reference_prefix.Match is rs.Match and reference_prefix.CacheFullError is rs.CacheFullError
 
@@ -165,28 +198,6 @@ def test_top_level_study_names_are_the_study_modules():
     from radix_soa.studies import replay as replay_module, schedule, traces, workloads
     assert rs.traces is traces and rs.workloads is workloads and rs.schedule is schedule
     assert rs.replay is replay_module.replay and rs.sweep is replay_module.sweep
-
-
-@pytest.mark.parametrize("old", sorted(_deprecated.MOVES))
-def test_old_import_paths_warn_and_alias_the_new_module(old, monkeypatch):
-    new = importlib.import_module(_deprecated.MOVES[old])
-    monkeypatch.delitem(sys.modules, old, raising=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = importlib.import_module(old)
-    assert mod is new
-    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
-    assert len(messages) == 1 and _deprecated.MOVES[old] in messages[0] and "0.3" in messages[0]
-    # the warning points at the importing code, not at importlib or the shim
-    frames = [w.filename for w in caught if w.category is DeprecationWarning]
-    assert "importlib" not in frames[0] and "_deprecated" not in frames[0]
-
-
-def test_from_import_of_an_old_path_gives_every_name(monkeypatch):
-    monkeypatch.delitem(sys.modules, "radix_soa.reference_prefix", raising=False)
-    with pytest.warns(DeprecationWarning, match="radix_soa.baselines.reference_prefix"):
-        from radix_soa.reference_prefix import ReferencePrefixCache, _Node  # noqa: F401
-    assert ReferencePrefixCache.__module__ == "radix_soa.baselines.reference_prefix"
 
 
 def test_kernels_fall_back_when_numba_lacks_the_private_nrt_flag():
@@ -223,12 +234,12 @@ def test_the_suite_compiles_into_a_cache_keyed_by_the_kernel_sources():
 
 def test_every_writing_lock_waits_for_gil_free_readers():
     # A method that mutates under the lock must first wait for the batch
-    # reads running without the GIL (radix_soa._base): the first statement
+    # reads running without the GIL (radix_soa._tree.base): the first statement
     # under ``with self._lock:`` of every such method is that wait.
     reading = {"exists", "match_prefix", "match_length", "_read", "_read_released",
                "memory_report", "save", "__getstate__", "to_csr", "check_invariants",
                "evictable_tokens", "namespaces", "stats"}
-    for name in ("radix_cache", "prefix_cache", "_base"):
+    for name in ("radix_cache", "prefix_cache", "_tree/base"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or fn.name in reading:

@@ -6,7 +6,7 @@ import pytest
 
 import radix_soa as rs
 from radix_soa import PrefixCache, RadixCache
-from radix_soa._validate import MAX_SEQUENCE_TOKENS
+from radix_soa._input.validate import MAX_SEQUENCE_TOKENS
 from radix_soa.cli import main
 
 

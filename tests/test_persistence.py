@@ -9,7 +9,8 @@ import pytest
 
 import radix_soa as rs
 from radix_soa import PrefixCache, RadixCache
-from radix_soa._results import ReadOnlyTreeError, TreeFormatError
+from radix_soa._tree import persist as _persist
+from radix_soa._tree.results import ReadOnlyTreeError, TreeFormatError
 
 
 def contents(rc):
@@ -223,7 +224,7 @@ def corrupt(tmp_path, tree, how):
         arr = np.load(d / "parent.npy")
         arr[3] = 10**6
         np.save(d / "parent.npy", arr)
-        header["arrays"]["parent"]["crc32"] = rs._persist._crc(arr)
+        header["arrays"]["parent"]["crc32"] = _persist._crc(arr)
     elif how == "missing_file":
         (d / "table.npy").unlink()
     elif how == "missing_header":

@@ -176,18 +176,178 @@ def test_claims_parser():
 
 
 
-def test_design_notes_name_every_module():
-    """docs/design.md's layer table names every kernel module and every
-    top-level module of the package (the deprecated shims aside)."""
-    design = (ROOT / "docs" / "design.md").read_text()
-    rows = {ln.split("|")[1].strip(): ln for ln in design.splitlines()
-            if ln.startswith("| ") and ln.count("|") >= 5}
-    for path in sorted((ROOT / "radix_soa" / "_kernels").glob("*.py")):
-        if path.stem != "__init__":
-            assert f"`{path.stem}`" in rows["kernels"], path.name
-    for path in sorted((ROOT / "radix_soa").glob("*.py")):
-        if path.stem == "__init__" or "moved(__name__)" in path.read_text():
+"""The README's code, run as written.
+
+Every ```python block of README.md runs top to bottom in ONE namespace (a
+later block may use names an earlier one defined), statement by statement,
+from a directory laid out like a checkout (``../shared`` beside it, so the
+README's relative paths resolve; files the README writes land in a temporary
+directory, not in the repository). A block preceded by the line
+``<!-- needs: ../shared/data -->`` reads the real traces: without them it is
+left out of the first test (which must never depend on it) and the second
+test, which runs every block, skips with the reason.
+
+A one-line expression statement (not a ``print``) whose comment starts with
+a Python literal (``rc.exists([1, 2, 3])  # False: an internal prefix``,
+``len(rc)  # 3 distinct sequences``) is also checked: the expression must
+equal it.
+
+The quick start's commands are checked against ``.ci/run``: CI runs the
+README's test command verbatim, so the two cannot drift apart.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SHARED = ROOT.parent / "shared"
+NEEDS_DATA = "<!-- needs: ../shared/data -->"
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+
+
+def blocks(lang):
+    """``(line, code, needs_data)`` of every ```lang block: ``line`` is the
+    README line of the code's first line."""
+    text = README.read_text()
+    out = []
+    for m in FENCE.finditer(text):
+        if m.group(1) != lang:
             continue
-        assert f"`{path.name}`" in design, path.name
-    for sub in ("baselines", "studies"):
-        assert f"`radix_soa/{sub}/`" in rows[sub]
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        line = text.count("\n", 0, m.start(2)) + 1
+        out.append((line, m.group(2), before == NEEDS_DATA))
+    return out
+
+
+def claim(source_line):
+    """The literal a comment states the line's value to be, or ``None``."""
+    code, sep, comment = source_line.partition("#")
+    if not sep:
+        return None
+    comment = comment.strip()
+    for text in (comment.split(":", 1)[0], comment.split(" ", 1)[0]):
+        try:
+            return (ast.literal_eval(text.strip()),)
+        except (ValueError, SyntaxError):
+            continue
+    return None
+
+
+def _is_print(node):
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "print")
+
+
+def run_block(line, code, ns):
+    """Run ``code`` statement by statement in ``ns``; error tracebacks name
+    README.md and its line numbers. Returns how many claims were checked."""
+    source = "\n" * (line - 1) + code
+    lines = source.splitlines()
+    checked = 0
+    for stmt in ast.parse(source, str(README)).body:
+        expected = None
+        if (isinstance(stmt, ast.Expr) and stmt.lineno == stmt.end_lineno
+                and not _is_print(stmt.value)):
+            expected = claim(lines[stmt.lineno - 1])
+        if expected is None:
+            exec(compile(ast.Module([stmt], type_ignores=[]), str(README), "exec"), ns)
+            continue
+        value = eval(compile(ast.Expression(stmt.value), str(README), "eval"), ns)
+        assert value == expected[0], (
+            f"README.md line {stmt.lineno}: {lines[stmt.lineno - 1].strip()!r} "
+            f"gives {value!r}")
+        checked += 1
+    return checked
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """A working directory where ``../shared`` is the real one (when present)."""
+    work = tmp_path / "radix_soa"
+    work.mkdir()
+    if SHARED.is_dir():
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
+    monkeypatch.chdir(work)
+    return work
+
+
+def run_all(include_data):
+    ns = {"__name__": "__readme__"}
+    ran = checked = 0
+    for line, code, needs_data in blocks("python"):
+        if needs_data and not include_data:
+            continue
+        checked += run_block(line, code, ns)
+        ran += 1
+    return ran, checked
+
+
+def test_readme_has_python_blocks_and_marks_the_data_ones():
+    found = blocks("python")
+    assert len(found) >= 5
+    needing = [line for line, code, needs in found if needs]
+    # a block reading ../shared must say so, and only such blocks are marked
+    for line, code, needs in found:
+        assert needs == ("../shared/data" in code), f"README.md line {line}"
+    assert needing, "the studies block reads a real trace"
+
+
+def test_readme_python_blocks_run_without_the_data(checkout):
+    ran, checked = run_all(include_data=False)
+    assert ran == sum(1 for *_, needs in blocks("python") if not needs)
+    assert checked >= 10  # the README's stated values were compared
+
+
+def test_readme_python_blocks_all_run_with_the_data(checkout):
+    if not (SHARED / "data" / "traces").is_dir():
+        pytest.skip(f"{SHARED / 'data' / 'traces'} is absent: the README's trace blocks "
+                    "need the real traces")
+    ran, _ = run_all(include_data=True)
+    assert ran == len(blocks("python"))
+
+
+def quick_start():
+    text = README.read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [m.group(2).strip() for m in FENCE.finditer(section) if m.group(1) == "bash"]
+
+
+def ci_commands():
+    return [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_quick_start_is_two_commands_that_ci_runs():
+    install_and_study, install_and_test = quick_start()
+    for cmd in (install_and_study, install_and_test):
+        assert "\n" not in cmd
+    ci = ci_commands()
+    # the README's test command is run by CI verbatim ...
+    assert install_and_test in ci
+    # ... and CI installs what the first command installs and runs its job
+    install, study = (part.strip() for part in install_and_study.split("&&"))
+    assert install == "pip install -e ."
+    assert any(c.startswith(study) for c in ci), study
+
+
+def test_readme_links_only_in_repository_docs():
+    text = README.read_text()
+    assert "docs/design.md" in text
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert not target.startswith(".."), target
+        if "://" not in target:
+            assert (ROOT / target.split("#")[0]).exists(), target
+    assert "DESIGN.md" not in text
+
+
+def test_claims_parser():
+    assert claim("rc.exists([1])  # False: an internal prefix") == (False,)
+    assert claim("len(rc)  # 3 distinct sequences") == (3,)
+    assert claim("rc.num_nodes, rc.num_tokens  # (2, 5): nodes") == ((2, 5),)
+    assert claim("pc.stats  # lookups, query tokens") is None
+    assert claim("x = 1") is None

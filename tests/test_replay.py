@@ -170,21 +170,10 @@ def test_bad_warmup(bad, exc):
         replay([[1, 2]], warmup=bad)
 
 
-def test_old_result_names_are_deprecated_aliases():
+def test_result_names_count_ids():
     r = replay([[1, 2, 3], [1, 2, 4]], capacity=3)
-    for old, new in rs.ReplayResult.RENAMED.items():
-        with pytest.warns(DeprecationWarning, match=f"ReplayResult.{old} is deprecated"):
-            assert getattr(r, old) == getattr(r, new)
     assert r.total_ids == 6 and r.hit_ids == 2 and r.evicted_ids == 1  # 3 makes room for 4
-    with pytest.warns(DeprecationWarning):
-        copy = dataclasses.replace(r, hit_ids=0)
-        copy.hit_tokens = 1
-    assert copy.hit_ids == 1
-    fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
-    fields["peak_tokens"] = fields.pop("peak_ids")
-    with pytest.warns(DeprecationWarning, match="peak_tokens"):
-        old_style = rs.ReplayResult(**fields)
-    assert old_style.peak_ids == r.peak_ids
+    assert not hasattr(r, "hit_tokens") and not hasattr(r, "peak_tokens")
     assert not any(k.endswith("_tokens") and k not in ("prefill_tokens",)
                    for k in r.summary() if not k.startswith("prefill"))
 
@@ -299,13 +288,11 @@ def test_warmup_replay_leaves_nothing_to_compile_for_a_study():
     assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}
 
 
-def test_old_row_and_summary_keys_still_read_with_a_warning():
+def test_rows_and_summaries_hold_the_id_names_only():
     import radix_soa as rs
 
     r = rs.sweep([[1, 2], [1, 3], [1, 2]], capacities=[2, 10])
     for d in (r.rows[0], r.to_dict(), r.results[0].summary()):
-        assert "evicted_tokens" not in d  # the new names only, when listed
-        with pytest.warns(DeprecationWarning, match="evicted_ids"):
-            assert d["evicted_tokens"] == d["evicted_ids"]
-    with pytest.raises(KeyError):
-        r.rows[0]["no_such_column"]
+        assert "evicted_ids" in d and "evicted_tokens" not in d
+        with pytest.raises(KeyError):
+            d["evicted_tokens"]

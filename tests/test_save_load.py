@@ -9,7 +9,7 @@ import pytest
 
 import radix_soa as rs
 from radix_soa import PrefixCache, RadixCache, TreeFormatError
-from radix_soa import _persist
+from radix_soa._tree import persist as _persist
 
 
 def small_tree():
@@ -172,7 +172,7 @@ def test_a_radix_tree_header_claiming_prefix_cache_flags_is_refused(tmp_path):
 # ---------------------------------------------------------------- the arrays
 
 def _meta_slot(name):
-    from radix_soa._storage import COUNTERS
+    from radix_soa._tree.storage import COUNTERS
     return COUNTERS[name]
 
 

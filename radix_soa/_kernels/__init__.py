@@ -4,7 +4,7 @@ Kernels take unpacked arrays or the tree tuple ``T`` (never a Python
 object), never allocate persistent arrays and never raise. A tree kernel
 that runs out of room returns the ``ROOM`` status with its need in ``meta``
 (see ``layout``), changing nothing of the item it stopped at, and
-``radix_soa._storage.resume`` grows and calls again, for every caller. (The
+``radix_soa._tree.storage.resume`` grows and calls again, for every caller. (The
 array baselines' batch kernels keep their own convention: they return the
 item they stopped at.)
 

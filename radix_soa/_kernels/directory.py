@@ -9,7 +9,7 @@ any array of the token dtype (it only carries the dtype; every array, the
 tokens too, comes from ``D``).
 ``tree_at(D, like)`` rebuilds ``T`` inside the kernel at no cost. The
 storage builds ``D`` at every publish, with references to its arrays, so
-they live as long as ``D`` does (see ``radix_soa._storage``).
+they live as long as ``D`` does (see ``radix_soa._tree.storage``).
 
 Building an array from an address uses Numba's intrinsic API and
 ``numba.np.arrayobj.populate_array``, which is not a documented API: it is

@@ -35,8 +35,8 @@ from .._kernels import baselines as KB
 from .._kernels.baselines import (NO_ENTRY, SET_META_SIZE, SET_SEQS, SET_TOKENS, TRIE_META_SIZE,
                                   TRIE_NODES, TRIE_TERMINALS)
 from .._kernels.table import table_fits
-from .._storage import table_size_for
-from ..batch import pack
+from .._tree.storage import table_size_for
+from .._input.batch import pack
 
 __all__ = ["TokenTrie", "SequenceHashSet", "NO_ENTRY"]
 

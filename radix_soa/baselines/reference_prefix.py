@@ -41,8 +41,8 @@ import operator
 
 import numpy as np
 
-from .._results import STATS, CacheFullError, EvictResult, InsertResult, InvariantError, Match
-from .._sequence import as_tokens
+from .._tree.results import STATS, CacheFullError, EvictResult, InsertResult, InvariantError, Match
+from .._input.sequence import as_tokens
 from .reference import common_prefix
 
 __all__ = ["ReferencePrefixCache", "InsertResult", "Match", "EvictResult", "CacheFullError"]

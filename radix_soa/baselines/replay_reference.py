@@ -13,8 +13,8 @@ import bisect
 
 import numpy as np
 
-from .._results import CacheFullError
-from ..batch import as_batches, pack
+from .._tree.results import CacheFullError
+from .._input.batch import as_batches, pack
 from .reference_prefix import ReferencePrefixCache
 
 # the same names and default as radix_soa.replay (a test keeps them equal)

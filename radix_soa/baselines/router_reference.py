@@ -4,7 +4,7 @@ the kernels' chained hash (``radix_soa._kernels.chain``) are tested against.
 ``ReferenceRouterIndex`` is a dict from page hash to ``[parent hash, set of
 workers]``; ``page_hash`` / ``chain`` compute the hashes with Python ints.
 
->>> from radix_soa._kv_events import BlockStored
+>>> from radix_soa._events.kv_events import BlockStored
 >>> h = chain([1, 2, 3, 4], 2)
 >>> ix = ReferenceRouterIndex(2)
 >>> ix.apply("w", [BlockStored(h, None, [1, 2, 3, 4], 2)])
@@ -14,7 +14,7 @@ workers]``; ``page_hash`` / ``chain`` compute the hashes with Python ints.
 
 import copy
 
-from .._kv_events import (AllBlocksCleared, BlockRemoved, EventError, event_from_dict,
+from .._events.kv_events import (AllBlocksCleared, BlockRemoved, EventError, event_from_dict,
                           namespace_seed)
 
 M64 = (1 << 64) - 1

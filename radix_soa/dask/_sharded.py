@@ -9,9 +9,9 @@ import dask
 import distributed
 import numpy as np
 
-from .._typing import BatchLike
-from .._validate import check_int, check_length
-from ..batch import Batch, pack_one
+from .._input.types import BatchLike
+from .._input.validate import check_int, check_length
+from .._input.batch import Batch, pack
 from ..radix_cache import RadixCache
 from . import _store
 
@@ -119,9 +119,9 @@ def _partition_batch(part):
         if type(arr).__name__ == "ArrowExtensionArray":
             import pyarrow as pa
 
-            return pack_one(pa.chunked_array([pa.array(arr)]))
+            return pack(pa.chunked_array([pa.array(arr)]))
         part = list(part)
-    return pack_one(part)
+    return pack(part)
 
 
 def _split(part, head, shards):
@@ -274,7 +274,7 @@ class ShardedCache:
 
     # ------------------------------------------------------------ queries
     def _route(self, queries):
-        b = pack_one(queries)
+        b = pack(queries)
         h = self._head.match_prefix_batch(b, parallel=False)
         far = np.flatnonzero(h == self._k)
         sid = shard_of(b, self._k, self._n)
@@ -370,7 +370,7 @@ class ShardedCache:
         if _is_dask_collection(seqs):
             raise TypeError("insert_batch takes sequences in memory; dask collections are not "
                             "supported yet (use build)")
-        b = pack_one(seqs)
+        b = pack(seqs)
         _validate_for_insert(b)
         sid = shard_of(b, self._k, self._n)
         new = np.zeros(len(b), np.bool_)
@@ -477,7 +477,7 @@ def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = Non
             add_heads(csr)
         del part_f, splits, pieces
     else:
-        b = pack_one(seqs)
+        b = pack(seqs)
         _validate_for_insert(b)
         sid = shard_of(b, head, shards)
         order = np.argsort(sid, kind="stable")

@@ -24,9 +24,9 @@ import os
 
 import numpy as np
 
-from .._persist import (FORMAT, HEADER, VERSION, header_crc, is_saved_tree,
+from .._tree.persist import (FORMAT, HEADER, VERSION, header_crc, is_saved_tree,
                         read_checked_header, write_atomically, write_header)
-from .._results import TreeFormatError
+from .._tree.results import TreeFormatError
 from ..radix_cache import RadixCache
 
 CLASS = "ShardedCache"

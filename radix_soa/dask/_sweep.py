@@ -6,7 +6,7 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple, TypeVar
 
 import distributed
 
-from .._validate import check_int
+from .._input.validate import check_int
 from ..studies.replay import (SCHEDULES, SweepProgress, SweepResult, TraceLike, _as_trace,
                               replay)
 from ..studies.traces import Trace

@@ -92,10 +92,10 @@ import numpy as np
 from .._kernels import cluster as KC
 from .._kernels.directory import SLOTS
 from .._kernels.layout import M_POLICY
-from .._results import InvariantError
-from .. import _storage
-from .._storage import TreeStorage, resume
-from .._validate import check_int, check_policy
+from .._tree.results import InvariantError
+from .._tree import storage
+from .._tree.storage import TreeStorage, resume
+from .._input.validate import check_int, check_policy
 from .replay import (SweepProgress, TraceLike, _as_trace, _readonly, _roots, check_warmup,
                      run_replays, scored_from)
 
@@ -430,7 +430,7 @@ def _store(policy, page, tokens, nodes):
 def _trees(stores):
     """The kernel's view of several trees: one directory row per tree, or
     (without directories) the tuple of their ``T`` tuples."""
-    if not _storage.USE_DIRECTORY or not all(isinstance(s.D, np.ndarray) for s in stores):
+    if not storage.USE_DIRECTORY or not all(isinstance(s.D, np.ndarray) for s in stores):
         return tuple(s.T for s in stores)
     W = np.empty((len(stores), SLOTS), np.int64)
     for k, s in enumerate(stores):

@@ -43,11 +43,11 @@ import tracemalloc
 
 import numpy as np
 
-from .._storage import token_dtype
+from .._tree.storage import token_dtype
 from ..baselines import reference as reference_module
 from ..baselines.arrays import SequenceHashSet, TokenTrie
 from ..baselines.reference import ReferenceRadixTree
-from ..batch import pack
+from .._input.batch import pack
 from ..radix_cache import RadixCache
 
 __all__ = ["compare_footprint", "FootprintTable"]

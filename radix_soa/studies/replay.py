@@ -21,13 +21,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Type
 
 import numpy as np
 
-from .._deprecated import RenamedKeys, renamed_attributes
 from .._kernels import replay as KR
-from .._storage import TreeStorage, resume
+from .._tree.storage import TreeStorage, resume
 from .._kernels.layout import M_POLICY
-from .._validate import check_int, check_policy
-from .._typing import BatchLike
-from ..batch import as_batches, pack
+from .._input.validate import check_int, check_policy
+from .._input.types import BatchLike
+from .._input.batch import as_batches, pack
 from .traces import Trace
 
 __all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES", "check_warmup",
@@ -42,23 +41,13 @@ TraceLike = Union[Trace, BatchLike]
 SweepProgress = Optional[Callable[[int], Any]]
 
 
-#: Old ``ReplayResult`` names (they counted ids, called tokens) -> new ones.
-RENAMED = {"total_tokens": "total_ids", "hit_tokens": "hit_ids",
-           "host_hit_tokens": "host_hit_ids", "evicted_tokens": "evicted_ids",
-           "host_evicted_tokens": "host_evicted_ids", "peak_tokens": "peak_ids",
-           "final_tokens": "final_ids"}
-
-
-@renamed_attributes(RENAMED)
 @dataclass
 class ReplayResult:
     """What a replay measured.
 
     Units: names ending in ``_ids`` count the trace's ids (one id per block
     of ``block_size`` tokens: 512-token blocks on Mooncake, tokens on token
-    traces); names ending in ``_tokens`` count real prompt tokens. The old
-    names (``total_tokens``, ``hit_tokens``, ``peak_tokens``, ...) still
-    read the ``_ids`` fields, with a ``DeprecationWarning``.
+    traces); names ending in ``_tokens`` count real prompt tokens.
 
     Scope: the per-request measures (``total_ids``, ``hit_ids``,
     ``host_hit_ids``, ``request_hit_rate``, ``prefill_tokens*`` and every
@@ -141,8 +130,7 @@ class ReplayResult:
         >>> sorted(k for k in replay([[1, 2], [1, 3]]).summary() if k.endswith("_ids"))[:3]
         ['evicted_ids', 'final_ids', 'hit_ids']
         """
-        out = RenamedKeys(RENAMED, {k: v for k, v in self.__dict__.items()
-                                    if not isinstance(v, np.ndarray)})
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, np.ndarray)}
         out.update(hit_rate=self.hit_rate, token_hit_rate=self.token_hit_rate,
                    host_hit_rate=self.host_hit_rate, combined_hit_rate=self.combined_hit_rate,
                    prefill_saved_fraction=self.prefill_saved_fraction)
@@ -356,13 +344,13 @@ class SweepResult:
         out: List[Dict[str, Any]] = []
         for r in self.results:
             summary = r.summary()
-            out.append(RenamedKeys(RENAMED, {c: summary[c] for c in self.COLUMNS}))
+            out.append({c: summary[c] for c in self.COLUMNS})
         return out
 
     def to_dict(self) -> Dict[str, List[Any]]:
         """Column name -> list of values (ready for ``pandas.DataFrame``)."""
         rows = self.rows
-        return RenamedKeys(RENAMED, {c: [row[c] for row in rows] for c in self.COLUMNS})
+        return {c: [row[c] for row in rows] for c in self.COLUMNS}
 
     def table(self, capacity_unit: str = "ids", kv_bytes_per_token: Optional[float] = None,
               legend: bool = True) -> str:

@@ -26,7 +26,7 @@ the functions here give the same orders for a queue a caller holds.
 import numpy as np
 
 from .._kernels import replay as KR
-from ..batch import as_batches, pack
+from .._input.batch import as_batches, pack
 
 POLICIES = ("fcfs", "lpm", "dfs")
 

@@ -54,7 +54,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .._validate import check_int
+from .._input.validate import check_int
 from .traces import (Trace, TraceFormatError, load_kvcache_tester, load_mooncake,  # noqa: F401
                      load_token_jsonl, load_trace)
 

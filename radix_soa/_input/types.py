@@ -1,6 +1,6 @@
 """Type aliases of the public API's annotations.
 
->>> from radix_soa._typing import TokenSequence
+>>> from radix_soa._input.types import TokenSequence
 >>> TokenSequence
 typing.Union[typing.Sequence[int], numpy.ndarray]
 """

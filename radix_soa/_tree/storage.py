@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from ._kernels import directory as KDir
-from ._kernels import layout as L
-from ._kernels import mutation as KM
-from ._kernels import table as KT
-from ._kernels import walks as KW
-from ._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, Tree
-from ._results import InvariantError
-from ._validate import MAX_NODES
+from .._kernels import directory as KDir
+from .._kernels import layout as L
+from .._kernels import mutation as KM
+from .._kernels import table as KT
+from .._kernels import walks as KW
+from .._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, Tree
+from .results import InvariantError
+from .._input.validate import MAX_NODES
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")

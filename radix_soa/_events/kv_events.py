@@ -6,7 +6,7 @@
 A block is a page of ``block_size`` tokens; its hash is chained: it depends
 on every token before it and on the namespace (see ``namespace_seed`` and
 ``radix_soa._kernels.chain``). Hashes are ints in ``[0, 2**64)``, or 32
-bytes with ``event_hash="sha256_cbor"`` (vLLM's, ``radix_soa._block_hash``).
+bytes with ``event_hash="sha256_cbor"`` (vLLM's, ``radix_soa._events.block_hash``).
 
 >>> e = BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=[1, 2, 3, 4],
 ...                 block_size=2)

@@ -28,11 +28,11 @@ import zlib
 
 import numpy as np
 
-from ._invariants import check_tree
-from ._kernels.layout import (M_HEAP_SIZE, META_SIZE, NODE_FIELDS, SAVED_TRACK_FIELDS, TRACK_FIELDS,
+from .invariants import check_tree
+from .._kernels.layout import (M_HEAP_SIZE, META_SIZE, NODE_FIELDS, SAVED_TRACK_FIELDS, TRACK_FIELDS,
                               Tree)
-from ._results import InvariantError, TreeFormatError
-from ._storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
+from .results import InvariantError, TreeFormatError
+from .storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
                        high_water_marks, token_dtype)
 
 FORMAT = "radix_soa"

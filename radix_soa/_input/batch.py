@@ -20,9 +20,9 @@ from typing import Iterator, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._arrow import arrow_csr, arrow_data, objects_csr
-from ._sequence import as_tokens, has_bool
-from ._typing import BatchLike
+from .arrow import arrow_csr, arrow_data, objects_csr
+from .sequence import as_tokens, has_bool
+from .types import BatchLike
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
@@ -146,16 +146,17 @@ def _offsets_array(offsets, n_flat):
 
 
 def pack(seqs: BatchLike) -> "Batch":
-    """Pack sequences into a ``Batch``.
+    """Pack sequences into one ``Batch``: ``as_batches(seqs)`` with its
+    chunks joined (a ``Batch`` is returned as is).
 
     ``seqs`` may be a list or tuple of lists / tuples / ranges / 1-D integer
     arrays (mixed freely), a 1-D NumPy object array of such sequences (what
     ``datasets``' numpy format and pandas object columns hold), a 2-D
-    integer array (one sequence per row), Arrow data (see ``as_batches``;
-    chunks are concatenated) or a ``Batch`` (returned as is). One rule
-    everywhere: a 2-tuple of NumPy arrays is a CSR pair ``(flat, offsets)``
-    (``csr(flat, offsets)`` says so explicitly); pass two sequences as a
-    list. Errors name the offending sequence.
+    integer array (one sequence per row), Arrow data or anything else
+    ``as_batches`` takes. One rule everywhere: a 2-tuple of NumPy arrays is
+    a CSR pair ``(flat, offsets)`` (``csr(flat, offsets)`` says so
+    explicitly); pass two sequences as a list. Errors name the offending
+    sequence.
 
     >>> pack([np.array([1, 2]), [3]]).offsets.tolist()
     [0, 2, 3]
@@ -166,8 +167,12 @@ def pack(seqs: BatchLike) -> "Batch":
     """
     if isinstance(seqs, Batch):
         return seqs
-    if _is_csr_pair(seqs):
-        return csr(*seqs)
+    return _concatenate(as_batches(seqs))
+
+
+def _pack_containers(seqs):
+    """A ``Batch`` of Python or NumPy containers of sequences (``pack``'s
+    own cases; ``as_batches`` has dispatched everything else)."""
     if isinstance(seqs, np.ndarray) and seqs.ndim == 1 and seqs.dtype == object:
         read = objects_csr(seqs)
         if read is not None:
@@ -181,10 +186,6 @@ def pack(seqs: BatchLike) -> "Batch":
         flat = _flat_array(np.ascontiguousarray(seqs).reshape(-1))
         n, m = seqs.shape
         return Batch(flat, np.arange(n + 1, dtype=_INT64) * m)
-    elif not isinstance(seqs, (list, tuple)):
-        foreign = _foreign_batches(seqs)
-        if foreign is not None:
-            return _concatenate(foreign)
     if isinstance(seqs, (str, bytes, bytearray)) or not hasattr(seqs, "__iter__"):
         raise TypeError(f"pack takes a sequence of sequences; got {type(seqs).__name__}")
     items = seqs if isinstance(seqs, (list, tuple)) else list(seqs)
@@ -269,135 +270,7 @@ def _item_tokens(i, x):
         raise type(exc)(f"sequence {i}: {exc}") from None
 
 
-# ---------------------------------------------------------------- threads
-
-# Below this many query tokens a batch runs serially: starting Numba's
-# thread pool costs more than the work (measured in asv_bench/bench.py batch).
-PARALLEL_MIN_TOKENS = 1 << 18
-
-
-def use_parallel(parallel, batches):
-    """Resolve a ``parallel=`` argument for a call that runs one kernel per
-    batch: True/False as given; None (the default) picks threads only when
-    Numba has more than one thread (``NUMBA_NUM_THREADS``) and *every*
-    batch is large enough to gain from them, since each batch starts the
-    pool again (1,000 small chunks of an Arrow column would pay it 1,000
-    times). ``run_batches`` decides batch by batch instead.
-
-    >>> small = pack([[0, 0, 0, 0]])
-    >>> large = pack([[0] * PARALLEL_MIN_TOKENS])
-    >>> use_parallel(None, [small]), use_parallel(True, [small]), use_parallel(False, [large])
-    (False, True, False)
-    """
-    if parallel is not None:
-        return bool(parallel)
-    return bool(batches) and _threads() > 1 and all(
-        b.num_tokens >= PARALLEL_MIN_TOKENS for b in batches)
-
-
-def _threads():
-    import numba
-
-    return numba.get_num_threads()
-
-
-def map_batches(batches, dtype, fill, progress=False):
-    """One result per sequence over several batches: ``fill(batch, out)``
-    writes batch's results into ``out`` (zeros of ``dtype``); the parts are
-    concatenated (one batch: its array as is). ``progress``: see
-    ``progress_reporter`` (the batches are then cut into slices of about
-    ``PROGRESS_STEP`` tokens, one report after each)."""
-    report = progress_reporter(progress, sum(b.num_tokens for b in batches))
-    parts = []
-    for b in batches:
-        out = np.zeros(len(b), dtype)
-        if report is None:
-            fill(b, out)
-        else:
-            for lo, hi in _slices(b):
-                fill(b[lo:hi], out[lo:hi])
-                report(b.offsets[hi] - b.offsets[lo])
-        parts.append(out)
-    if report is not None:
-        report(None)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def run_batches(batches, dtype, parallel, serial, threaded, progress=False):
-    """``map_batches`` for a read with a serial and a threaded kernel:
-    ``threaded(batch, out)`` runs for the batches ``use_parallel(parallel,
-    [batch])`` picks threads for, ``serial(batch, out)`` for the others, so
-    the default never starts the thread pool for a small chunk."""
-    if parallel is None and len(batches) > 1 and _threads() > 1:
-        return map_batches(batches, dtype, lambda b, out: (
-            threaded if b.num_tokens >= PARALLEL_MIN_TOKENS else serial)(b, out), progress)
-    return map_batches(batches, dtype, threaded if use_parallel(parallel, batches) else serial,
-                       progress)
-
-
-# ---------------------------------------------------------------- progress
-
-PROGRESS_STEP = 1 << 22  # tokens between two progress reports
-
-
-def progress_reporter(progress, total):
-    """What a batch call's ``progress=`` asks for, as ``report(tokens)``
-    (called with the tokens each slice covered, then once with None), or
-    None: ``False``/None for nothing, ``True`` for a ``tqdm`` bar on stderr
-    (the ``progress`` extra), or a callable ``progress(done, total)`` (in
-    tokens) called after each slice.
-
-    >>> seen = []
-    >>> report = progress_reporter(lambda done, total: seen.append((done, total)), 10)
-    >>> report(4); report(6); report(None); seen
-    [(4, 10), (10, 10)]
-    """
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            raise ImportError("progress=True needs tqdm: pip install 'radix-soa[progress]' "
-                              "(or pass a callable progress(done, total))") from None
-        bar = tqdm(total=int(total), unit="tok", unit_scale=True, leave=False)
-
-        def report(tokens):
-            if tokens is None:
-                bar.close()
-            else:
-                bar.update(int(tokens))
-        return report
-    if not callable(progress):
-        raise TypeError(f"progress must be True, False or a callable progress(done, total); "
-                        f"got {type(progress).__name__}")
-    done = [0]
-
-    def call(tokens):
-        if tokens is not None:
-            done[0] += int(tokens)
-            progress(done[0], int(total))
-    return call
-
-
-def _slices(b):
-    """``(lo, hi)`` sequence ranges of ``b`` of about ``PROGRESS_STEP``
-    tokens each (at least one sequence)."""
-    n = len(b)
-    if n == 0:
-        return [(0, 0)]
-    cuts = np.searchsorted(b.offsets, b.offsets[0] + np.arange(1, b.num_tokens // PROGRESS_STEP + 1)
-                           * PROGRESS_STEP)
-    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, n), [n]]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-
-
 # ---------------------------------------------------------------- any input
-
-def pack_one(obj):
-    """``as_batches(obj)`` as one ``Batch`` (chunks concatenated)."""
-    return _concatenate(as_batches(obj))
-
 
 def _concatenate(parts):
     if len(parts) == 1:
@@ -408,9 +281,16 @@ def _concatenate(parts):
     return Batch(np.concatenate([p.flat[p.offsets[0]:p.offsets[-1]] for p in parts]), offsets)
 
 
+#: Adjacent Arrow chunks holding fewer tokens than this are joined into one
+#: batch (a copy of them), so a column of many small chunks runs the kernel
+#: a few times, not once a chunk; a larger chunk stays a zero-copy view.
+JOIN_TOKENS = 1 << 16
+
+
 def as_batches(obj):
-    """Every accepted batch input as a list of ``Batch`` (one per chunk of a
-    chunked Arrow column, each a zero-copy view where the layout allows).
+    """The one dispatcher of batch input: every accepted input as a list of
+    ``Batch`` (a chunked Arrow column's large chunks each a zero-copy view
+    where the layout allows, runs of small ones joined: ``JOIN_TOKENS``).
 
     Accepted: a ``Batch``; a ``(flat, offsets)`` tuple of two NumPy arrays;
     an object whose type has a ``__radix_batch__(self)`` method returning a
@@ -437,15 +317,36 @@ def as_batches(obj):
         foreign = _foreign_batches(obj)
         if foreign is not None:
             return foreign
-    return [pack(obj)]
+    return [_pack_containers(obj)]
 
 
 def _foreign_batches(obj):
     """Arrow data or a pandas series as batches, or None for anything else."""
     if type(obj).__module__.startswith("pandas") and hasattr(obj, "dtype"):
         if type(obj.dtype).__name__ != "ArrowDtype":  # object lists: no Arrow in them
-            return [pack(obj.to_numpy())]
+            return [_pack_containers(obj.to_numpy())]
     data = arrow_data(obj)
     if data is None:
         return None
-    return [Batch(flat, offsets) for flat, offsets in arrow_csr(data)]
+    return _joined([Batch(flat, offsets) for flat, offsets in arrow_csr(data)])
+
+
+def _joined(batches):
+    """``batches`` with every run of adjacent ones under ``JOIN_TOKENS``
+    tokens (together) joined into one."""
+    out, run, tokens = [], [], 0
+    for b in batches:
+        if b.num_tokens >= JOIN_TOKENS:
+            if run:
+                out.append(_concatenate(run))
+                run, tokens = [], 0
+            out.append(b)
+            continue
+        run.append(b)
+        tokens += b.num_tokens
+        if tokens >= JOIN_TOKENS:
+            out.append(_concatenate(run))
+            run, tokens = [], 0
+    if run:
+        out.append(_concatenate(run))
+    return out

@@ -14,8 +14,8 @@ from itertools import chain
 
 import numpy as np
 
-from ._kernels.scan import count_zero_one
-from ._validate import MAX_SEQUENCE_TOKENS
+from .._kernels.scan import count_zero_one
+from .validate import MAX_SEQUENCE_TOKENS
 
 _INT64 = np.dtype(np.int64)
 _I64_MAX = np.iinfo(np.int64).max

@@ -20,8 +20,8 @@ import os
 import threading
 from typing import Any, Dict, Type, TypeVar, Union
 
-from . import _persist
-from ._results import ReadOnlyTreeError, TreeFormatError
+from . import persist
+from .results import ReadOnlyTreeError, TreeFormatError
 
 
 C = TypeVar("C", bound="TreeCache")
@@ -128,7 +128,7 @@ class TreeCache(ReadersWriter):
         """Write the tree to directory ``path`` (``.npy`` files + a JSON
         header), atomically: the directory appears complete or not at all."""
         with self._lock:  # writers wait: the saved arrays are one instant's
-            _persist.save(self, path)
+            persist.save(self, path)
 
     @classmethod
     def load(cls: Type[C], path: Union[str, os.PathLike], mmap: bool = False) -> C:
@@ -143,11 +143,11 @@ class TreeCache(ReadersWriter):
         """
         path = os.fspath(path)
         try:
-            header = _persist.read_header(path, cls)
-            arrays = _persist.load_arrays(path, header, mmap)
+            header = persist.read_header(path, cls)
+            arrays = persist.load_arrays(path, header, mmap)
             obj = cls.__new__(cls)
             obj._init_lock()
-            obj._s = _persist.build_storage(path, header, arrays, mmap)
+            obj._s = persist.build_storage(path, header, arrays, mmap)
             obj._restore_state(header.get("state") or {})
         except (FileNotFoundError, MemoryError, KeyboardInterrupt):
             raise
@@ -162,13 +162,13 @@ class TreeCache(ReadersWriter):
 
     def __getstate__(self):
         with self._lock:
-            header, arrays = _persist.state_of(self)
+            header, arrays = persist.state_of(self)
             return {"header": header, "arrays": {k: v.copy() for k, v in arrays.items()}}
 
     def __setstate__(self, state):
         self._init_lock()
         header = state["header"]
-        self._s = _persist.build_storage("<pickle>", header, state["arrays"], mmap=False)
+        self._s = persist.build_storage("<pickle>", header, state["arrays"], mmap=False)
         self._restore_state(header.get("state") or {})
 
     def _extra_state(self):

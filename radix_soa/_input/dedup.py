@@ -3,7 +3,7 @@ table (NumPy only: a 64-bit hash per sequence, then an exact check)."""
 
 import numpy as np
 
-from .batch import pack_one
+from .batch import pack
 
 _U64 = np.uint64
 
@@ -20,7 +20,7 @@ def first_occurrence(batch):
     >>> first_occurrence([[1, 2], [3], [1, 2], [], [3], []]).tolist()
     [0, 1, 0, 3, 1, 3]
     """
-    b = pack_one(batch)
+    b = pack(batch)
     n = len(b)
     if n == 0:
         return np.empty(0, np.int64)

@@ -49,7 +49,7 @@ def check_length(n, what="a sequence"):
 def check_policy(name):
     """The number of eviction policy ``name`` (see
     ``radix_soa._kernels.layout.POLICIES``), or ``ValueError`` naming them."""
-    from ._kernels.layout import POLICIES
+    from .._kernels.layout import POLICIES
 
     if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"eviction_policy must be one of {', '.join(POLICIES)}; got {name!r}")

@@ -7,9 +7,9 @@ cost O(1); ``full=True`` re-derives everything from the arrays.
 
 import numpy as np
 
-from ._kernels.layout import EMPTY, ENTRY_NODE_MASK, FREE, LOCK_LIMIT, MAX_LOAD, TREE_FIELDS
-from ._results import InvariantError
-from ._storage import roots_and_depths
+from .._kernels.layout import EMPTY, ENTRY_NODE_MASK, FREE, LOCK_LIMIT, MAX_LOAD, TREE_FIELDS
+from .results import InvariantError
+from .storage import roots_and_depths
 
 _U = np.uint64
 

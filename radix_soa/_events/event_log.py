@@ -21,12 +21,12 @@ exactly as one without.
 
 import numpy as np
 
-from . import _storage
-from ._block_hash import block_hashes
-from ._kernels import prefix as KP
-from ._kernels.chain import REC_REMOVED, REC_STORED
-from ._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
-from ._kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
+from .._tree import storage
+from .block_hash import block_hashes
+from .._kernels import prefix as KP
+from .._kernels.chain import REC_REMOVED, REC_STORED
+from .._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
+from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
 
 
 
@@ -72,7 +72,7 @@ class EventLog:
             self.seeded = keys
         log = self.active
         if log is None or log[0] + size > log.shape[0] or self.queue[-1][1] is not keys:
-            log = _storage.allocate(max(self.MIN_BUFFER, 2 * size), np.int64)
+            log = storage.allocate(max(self.MIN_BUFFER, 2 * size), np.int64)
             log[0] = 1
             self.queue.append((log, keys))  # queued before any kernel writes to it
             self.active = log

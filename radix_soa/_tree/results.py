@@ -5,7 +5,7 @@ name the product; the pure-Python baselines return the same types.
 
 >>> m = Match(3, 0, None)
 >>> m.length, type(m).__module__
-(3, 'radix_soa._results')
+(3, 'radix_soa._tree.results')
 """
 
 from typing import Any, NamedTuple, Optional
@@ -53,7 +53,7 @@ class BatchMatch(NamedTuple):
 
     lengths: np.ndarray
     nodes: np.ndarray
-    values: Any  # a radix_soa.batch.Batch (a higher layer) or None
+    values: Any  # a radix_soa._input.batch.Batch (a higher layer) or None
 
 
 class Finished(NamedTuple):

@@ -1,0 +1,8 @@
+"""``python -m radix_soa``: the ``radix-soa`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

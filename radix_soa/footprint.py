@@ -1,5 +1,0 @@
-"""Deprecated: moved to :mod:`radix_soa.studies.footprint` (this path goes in 0.3)."""
-
-from ._deprecated import moved
-
-moved(__name__)
