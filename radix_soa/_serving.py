@@ -220,9 +220,7 @@ class ServingMixin:
         ending there would, without the statistics)."""
         self._writable()
         v, gen = self._split_handle(node)
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             status = KP.pc_touch(self._s.D, self._s.like, v, gen)
         if status != DONE:
             raise ValueError(f"node handle {node} does not refer to a live node of this cache")
@@ -487,9 +485,7 @@ class ServingMixin:
         capacity and page size stay; every handle and open request becomes
         invalid."""
         self._writable()
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             s = self._s
             fresh = self._new_storage(s.dtype, s.has_values, s.page_size, s.meta[M_POLICY])
             # one update of existing keys (a single C call): no interrupt can
@@ -507,9 +503,7 @@ class ServingMixin:
     def reset_stats(self) -> None:
         """Zero the counters ``stats`` reports."""
         self._writable()
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             for slot in STAT_SLOTS.values():
                 self._s.meta[slot] = 0
 
@@ -526,9 +520,7 @@ class ServingMixin:
         ([7, 8], [0])
         """
         self._writable()
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             root, _ = self._root(namespace, create=False)
             if root < 0:
                 return NOTHING_EVICTED[self._s.has_values]

@@ -236,9 +236,7 @@ class PrefixCache(ServingMixin, TreeCache):
             raise ValueError("this cache queues no events; make it with events=True")
         out = None
         try:
-            with self._lock:
-                if self._readers:
-                    self._drain_readers()
+            with self._writing:
                 out = self._events.take()
             return out
         except BaseException:
@@ -246,9 +244,7 @@ class PrefixCache(ServingMixin, TreeCache):
             # emptied the queue but before the events reached the caller:
             # they go back, first, for the next call
             if out is not None:
-                with self._lock:
-                    if self._readers:
-                        self._drain_readers()
+                with self._writing:
                     self._events.hold(out)
             raise
 
@@ -388,15 +384,11 @@ class PrefixCache(ServingMixin, TreeCache):
         self._writable()
         batches = as_batches(batch)
         if not with_values:
-            with self._lock:
-                if self._readers:
-                    self._drain_readers()
+            with self._writing:
                 return map_batches(batches, np.int64,
                                    lambda b, out: self._match_csr(namespace, b, out))
         parts = []
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             s = self._s  # under the lock: a reset() may have replaced it
             for b in batches:
                 out = np.zeros(len(b), np.int64)
@@ -520,9 +512,7 @@ class PrefixCache(ServingMixin, TreeCache):
         out = np.empty(flat.shape[0] if s.has_values and self._capacity is not None else 0,
                        np.int64)
         cursor = np.zeros(2, np.int64)
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             s = self._s  # under the lock: a reset() may have replaced it
             if not len(b):
                 return cached, NOTHING_EVICTED[s.has_values]

@@ -141,9 +141,7 @@ class RadixCache(TreeCache):
         self._writable()
         q = as_tokens(sequence)
         s = self._s
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
         if not removed:
             raise KeyError(_short(q))
@@ -172,9 +170,7 @@ class RadixCache(TreeCache):
             if len(b):
                 check_length(int(lengths.max()), "a sequence of the batch")
         grew: list = []
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             try:
                 return map_batches(batches, np.bool_,
                                    lambda b, new: self._insert_csr(b, new, grew), progress)

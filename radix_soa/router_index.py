@@ -141,7 +141,7 @@ class RouterIndex(ReadersWriter):
         for w in ids:
             self._register(w, self._column(w, True))
 
-    _LOCK_STATE = ("_lock", "_no_readers", "_readers", "_writers_waiting")
+    _LOCK_STATE = ("_lock", "_no_readers", "_readers", "_writers_waiting", "_writing")
 
     def __getstate__(self):
         """Pickled and copied without its lock (a copy gets a fresh one)."""
@@ -242,9 +242,7 @@ class RouterIndex(ReadersWriter):
                 raise EventError(f"event {i}: bytes block hashes, but this index has "
                                  "event_hash='fast64' (make it with event_hash='sha256_cbor')")
             parsed.append(e)
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             new = worker not in self._cols
             col = self._column(worker, True)
             undo = []
@@ -320,18 +318,14 @@ class RouterIndex(ReadersWriter):
         """Register ``worker`` (nothing cached yet) as the last of
         ``workers``; a worker already registered stays where it is."""
         worker = worker_id(worker)
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             if worker not in self._cols:
                 self._register(worker, self._column(worker, True))
 
     def remove_worker(self, worker):
         """Forget ``worker`` and every page it holds (``KeyError`` if unknown)."""
         worker = worker_id(worker)
-        with self._lock:
-            if self._readers:
-                self._drain_readers()
+        with self._writing:
             col = self._cols.get(worker)
             if col is None:
                 raise KeyError(f"worker {worker!r} is not in the index")

@@ -232,21 +232,40 @@ def test_the_suite_compiles_into_a_cache_keyed_by_the_kernel_sources():
     assert cache_dir.parent.name != leaf
 
 
+#: Writers that open the lock inline (``with self._lock:`` and the reader
+#: wait), for the per-call cost; every other writer uses ``self._writing``.
+INLINE_WRITERS = {("radix_cache", "insert"), ("prefix_cache", "insert"),
+                  ("prefix_cache", "match"), ("prefix_cache", "_lock_handle"),
+                  ("prefix_cache", "evict"), ("_serving", "begin"), ("_serving", "abort"),
+                  ("_serving", "_transition")}
+
+
 def test_every_writing_lock_waits_for_gil_free_readers():
     # A method that mutates under the lock must first wait for the batch
-    # reads running without the GIL (radix_soa._tree.base): the first statement
-    # under ``with self._lock:`` of every such method is that wait.
+    # reads running without the GIL (radix_soa._tree.base): it opens its
+    # block with ``with self._writing:``, or (the hot per-call paths only)
+    # with ``with self._lock:`` whose first statement is that wait.
     reading = {"exists", "match_prefix", "match_length", "_read", "_read_released",
                "memory_report", "save", "__getstate__", "to_csr", "check_invariants",
-               "evictable_tokens", "namespaces", "stats"}
-    for name in ("radix_cache", "prefix_cache", "_tree/base"):
+               "evictable_tokens", "namespaces", "stats", "peek", "open_requests",
+               "_check_requests", "cached_values", "to_text", "overlap", "overlap_scores",
+               "overlap_batch", "blocks_of", "workers", "__contains__", "_drain_readers",
+               "__enter__", "_column"}
+    seen = set()
+    for name in ("radix_cache", "prefix_cache", "_serving", "router_index", "_tree/base"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or fn.name in reading:
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.With) and ast.unparse(node.items[0].context_expr) == \
-                        "self._lock":
+                if not isinstance(node, ast.With):
+                    continue
+                opened = ast.unparse(node.items[0].context_expr)
+                if opened == "self._lock":
                     first = ast.unparse(node.body[0])
+                    assert (name, fn.name) in INLINE_WRITERS, \
+                        f"{name}.{fn.name} opens the lock inline: use `with self._writing:`"
                     assert first.startswith("if self._readers:"), \
                         f"{name}.{fn.name} writes under the lock without waiting for readers"
+                    seen.add((name, fn.name))
+    assert seen == INLINE_WRITERS
