@@ -252,15 +252,21 @@ class _ResetOnEnter:
     def __init__(self, pc):
         self.real, self.pc, self.armed = pc._lock, pc, False
 
-    def __enter__(self):
+    def acquire(self):  # what ``with pc._writing:`` takes
         if self.armed:
             self.armed = False
             with self.real:
                 self.pc.reset()
-        return self.real.__enter__()
+        return self.real.acquire()
+
+    def release(self):
+        self.real.release()
+
+    def __enter__(self):  # what an inline ``with pc._lock:`` takes
+        self.acquire()
 
     def __exit__(self, *exc):
-        return self.real.__exit__(*exc)
+        self.release()
 
 
 WRITES = {
