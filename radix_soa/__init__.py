@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .baselines.cluster_reference import cluster_reference
     from .baselines.replay_reference import replay_reference
     from .studies import schedule, traces, workloads
-    from .studies.cluster import ClusterResult, ClusterSweep, replay_cluster, sweep_cluster
+    from .studies.cluster import (ClusterOptions, ClusterResult, ClusterSweep, replay_cluster,
+                                  sweep_cluster)
     from .studies.footprint import FootprintTable, compare_footprint
     from .studies.replay import ReplayResult, SweepResult, replay, sweep
 
@@ -51,6 +52,7 @@ _LAZY = {
     "ReplayResult": ("radix_soa.studies.replay", "ReplayResult"),
     "SweepResult": ("radix_soa.studies.replay", "SweepResult"),
     "replay_cluster": ("radix_soa.studies.cluster", "replay_cluster"),
+    "ClusterOptions": ("radix_soa.studies.cluster", "ClusterOptions"),
     "sweep_cluster": ("radix_soa.studies.cluster", "sweep_cluster"),
     "ClusterResult": ("radix_soa.studies.cluster", "ClusterResult"),
     "ClusterSweep": ("radix_soa.studies.cluster", "ClusterSweep"),

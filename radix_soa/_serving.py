@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Un
 import numpy as np
 
 from ._events.event_log import begin_log_size, drop_subtree, log_size
-from ._kernels import lifecycle as KL
-from ._kernels import prefix as KP
+from ._kernels import lifecycle as lifecycle_kernels
+from ._kernels import prefix as prefix_kernels
 from ._kernels.layout import (ABORTED, DONE, FINISHED, FULL, LIMIT, MISMATCH, ROOM, LOCK_LIMIT, M_INFLIGHT,
                               M_LOCKED_TOKENS, M_POLICY, M_TOKENS, OPEN, R_BEGUN, R_CACHED,
                               R_FREED, R_GEN, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_GEN,
@@ -157,6 +157,7 @@ class ServingMixin:
     # every lookup finds what it found before.
     _s: Any  # the TreeStorage
     _lock: Any  # a threading.RLock
+    _writing: Any  # opens a writer's block (``_tree.base._Writing``)
     _readers: int
     _page: int
     _cap: int
@@ -211,7 +212,7 @@ class ServingMixin:
             out: Any = np.empty(q.shape[0], np.int64) if s.has_values else None
             if root < 0:
                 return Match(0, self._handle_of(s.root), NO_VALUES_MATCHED if s.has_values else None)
-            length, v, gen = KP.pc_peek(s.D, s.like, root, q, self._page,
+            length, v, gen = prefix_kernels.pc_peek(s.directory, s.like, root, q, self._page,
                                        out if s.has_values else s.like.astype(np.int64))
         return Match(int(length), self._handle(v, gen), out[:length] if s.has_values else None)
 
@@ -221,7 +222,7 @@ class ServingMixin:
         self._writable()
         v, gen = self._split_handle(node)
         with self._writing:
-            status = KP.pc_touch(self._s.D, self._s.like, v, gen)
+            status = prefix_kernels.pc_touch(self._s.directory, self._s.like, v, gen)
         if status != DONE:
             raise ValueError(f"node handle {node} does not refer to a live node of this cache")
 
@@ -301,14 +302,55 @@ class ServingMixin:
             if self._events is not None:
                 ev = self._events.ev(self, begin_log_size(self, capacity, q.shape[0] if reserve < 0
                                                           else reserve))
-                status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
-                                                    count, capacity, reserve, evict_out, st, ev))
+                status = s.run(
+                    lambda: lifecycle_kernels.req_begin(
+                        s.directory,
+                        s.like,
+                        root,
+                        known,
+                        q,
+                        self._page,
+                        out,
+                        count,
+                        capacity,
+                        reserve,
+                        evict_out,
+                        st,
+                        ev,
+                    )
+                )
             else:
-                status = KL.req_begin(s.D, s.like, root, known, q, self._page, out, count,
-                                      capacity, reserve, evict_out, st)
+                status = lifecycle_kernels.req_begin(
+                    s.directory,
+                    s.like,
+                    root,
+                    known,
+                    q,
+                    self._page,
+                    out,
+                    count,
+                    capacity,
+                    reserve,
+                    evict_out,
+                    st,
+                )
             if status == ROOM:
-                status = s.run(lambda: KL.req_begin(s.D, s.like, root, known, q, self._page, out,
-                                                    count, capacity, reserve, evict_out, st))
+                status = s.run(
+                    lambda: lifecycle_kernels.req_begin(
+                        s.directory,
+                        s.like,
+                        root,
+                        known,
+                        q,
+                        self._page,
+                        out,
+                        count,
+                        capacity,
+                        reserve,
+                        evict_out,
+                        st,
+                    )
+                )
             if status != DONE:
                 del self._requests[id(request)]
                 if status == LIMIT:
@@ -354,7 +396,7 @@ class ServingMixin:
         node. Returns the slots the caller must free now: values of tokens
         someone else cached first (duplicates), then what making room
         evicted. The partial last page stays the request's."""
-        return self._transition(KL.req_checkpoint, request, tokens, values)
+        return self._transition(lifecycle_kernels.req_checkpoint, request, tokens, values)
 
     def finish(self, request: Request, tokens: TokenSequence,
                values: Optional[TokenSequence]) -> Finished:
@@ -365,7 +407,7 @@ class ServingMixin:
         already cached, and the partial last page), ``evicted`` what making
         room freed (free those too). Interrupted, it either happened or did
         not: ``request.steps`` tells, and ``request.result`` is its result."""
-        return self._transition(KL.req_finish, request, tokens, values)
+        return self._transition(lifecycle_kernels.req_finish, request, tokens, values)
 
     def abort(self, request: Request) -> None:
         """Release ``request``'s lock and reservation without caching it."""
@@ -374,7 +416,7 @@ class ServingMixin:
                 self._drain_readers()
             self._check_open(request)
             request._stage(None)  # an abort has no result
-            status = KL.req_abort(self._s.D, self._s.like, request._st)
+            status = lifecycle_kernels.req_abort(self._s.directory, self._s.like, request._st)
             if status != DONE:
                 raise self._transition_error(status, request)
             self._requests.pop(id(request), None)
@@ -388,7 +430,7 @@ class ServingMixin:
         if self._s.readonly:
             self._writable()
         q, n, vals = self._tokens_and_values(tokens, values)
-        finishing = kernel is KL.req_finish
+        finishing = kernel is lifecycle_kernels.req_finish
         with self._lock:
             if self._readers:
                 self._drain_readers()
@@ -416,13 +458,13 @@ class ServingMixin:
             priority = request.priority
             if self._events is not None:
                 ev = self._events.ev(self, log_size(n, self._page))
-                status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
+                status = s.run(lambda: kernel(s.directory, s.like, root, ns, q, n, vals, self._page, cap,
                                               out, priority, st, ev))
             else:
-                status = kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap, out,
+                status = kernel(s.directory, s.like, root, ns, q, n, vals, self._page, cap, out,
                                 priority, st)
             if status == ROOM:
-                status = s.run(lambda: kernel(s.D, s.like, root, ns, q, n, vals, self._page, cap,
+                status = s.run(lambda: kernel(s.directory, s.like, root, ns, q, n, vals, self._page, cap,
                                               out, priority, st))
             if root < 0:
                 self._roots_in_sync()
@@ -535,7 +577,7 @@ class ServingMixin:
             if self._events is not None:
                 freed = drop_subtree(self, root, order, out, keep)
             else:
-                freed = KP.drop_subtree(s.D, s.like, root, order, self._page, out, keep)
+                freed = prefix_kernels.drop_subtree(s.directory, s.like, root, order, self._page, out, keep)
             if not keep:
                 self._roots = {k: r for k, r in self._roots.items() if r != root}
         return EvictResult(int(freed), out if s.has_values else None)

@@ -20,8 +20,8 @@ from ._events.block_hash import check_event_hash, none_hash
 from ._tree.base import TreeCache
 from ._serving import ServingMixin
 from ._tree.invariants import check_tree
-from ._kernels import descent as KD
-from ._kernels import prefix as KP
+from ._kernels import descent as descent_kernels
+from ._kernels import prefix as prefix_kernels
 from ._kernels.layout import (DONE, FULL, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS, M_POLICY,
                              M_TOKENS, POLICIES, PRIORITY_OFFSET, ROOM, STALE, STAT_SLOTS)
 from ._tree.results import (NO_VALUES_MATCHED, NOTHING_EVICTED, BatchMatch, CacheFullError,
@@ -314,10 +314,12 @@ class PrefixCache(ServingMixin, TreeCache):
                     self._count_misses(1, q.shape[0])
                     return _new(Match, (0, self._handle_of(s.root),
                                         NO_VALUES_MATCHED if s.has_values else None))
-            status, length, v, gen = KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out)
+            status, length, v, gen = prefix_kernels.pc_match_one(
+                s.directory, s.like, root, 0, q, self._page, out
+            )
             if status == ROOM:
                 status, length, v, gen = s.run(
-                    lambda: KP.pc_match_one(s.D, s.like, root, 0, q, self._page, out))
+                    lambda: prefix_kernels.pc_match_one(s.directory, s.like, root, 0, q, self._page, out))
         # tuple.__new__: a named tuple's own constructor is a Python call; the
         # handle is ``_handle``'s formula inline (the kernel returns ints)
         values = (out if length == out.shape[0] else out[:length]) if s.has_values else None
@@ -345,10 +347,10 @@ class PrefixCache(ServingMixin, TreeCache):
             return 0
         s = self._s
         generation = s.generation
-        length = KD.match_at(s.D, s.like, root, q, self._page)
+        length = descent_kernels.match_at(s.directory, s.like, root, q, self._page)
         if s.generation != generation:  # a growth replaced the arrays meanwhile
             with self._lock:
-                length = KD.match_at(s.D, s.like, root, q, self._page)
+                length = descent_kernels.match_at(s.directory, s.like, root, q, self._page)
         return int(length)
 
     def match_length_batch(self, batch: BatchLike, namespace: Namespace = None,
@@ -357,13 +359,17 @@ class PrefixCache(ServingMixin, TreeCache):
         in parallel for large batches (see ``RadixCache.exists_batch``)."""
         batches = as_batches(batch)
         root, ns = self._root(namespace, create=False)
-        kernel = KD.match_batch_parallel if use_parallel(parallel, batches) else KD.match_batch
+        kernel = (
+            descent_kernels.match_batch_parallel
+            if use_parallel(parallel, batches)
+            else descent_kernels.match_batch
+        )
         s = self._s
         if root < 0:  # a namespace never used: nothing cached in it
             return map_batches(batches, np.int64, lambda b, res: None)
-        read = self._read if kernel is KD.match_batch_parallel else self._read_released
+        read = self._read if kernel is descent_kernels.match_batch_parallel else self._read_released
         return map_batches(batches, np.int64, lambda b, res: read(
-            lambda: kernel(*s.M, root, b.flat, b.offsets, self._page, res)))
+            lambda: kernel(*s.match_args, root, b.flat, b.offsets, self._page, res)))
 
     def match_batch(self, batch: BatchLike, namespace: Namespace = None, *,
                     with_values: bool = False) -> Union[np.ndarray, BatchMatch]:
@@ -416,9 +422,12 @@ class PrefixCache(ServingMixin, TreeCache):
             self._count_misses(len(b), b.num_tokens)
             return
         cursor = np.array([0, root], np.int64)
-        s.run(lambda: KP.pc_match_batch(s.T, 0, b.flat, b.offsets, self._page, cursor, out, vout,
-                                        nodes),
-              plan=lambda st, tokens, nodes_: (0, max(nodes_, len(b) - int(cursor[0]))))
+        s.run(
+            lambda: prefix_kernels.pc_match_batch(
+                s.arrays, 0, b.flat, b.offsets, self._page, cursor, out, vout, nodes
+            ),
+            plan=lambda st, tokens, nodes_: (0, max(nodes_, len(b) - int(cursor[0]))),
+        )
 
     # ------------------------------------------------------------ mutation
     def insert(self, tokens: TokenSequence, values: Optional[TokenSequence] = None,
@@ -454,11 +463,12 @@ class PrefixCache(ServingMixin, TreeCache):
                 root, ns = self._root(namespace)
             ev = None if self._events is None else self._events.ev(
                 self, event_log.log_size(n, self._page))
-            status, cached, v, gen, freed = KP.pc_insert_one(s.D, s.like, root, ns, q, n, vals,
-                                                             self._page, cap, out, priority, ev)
+            status, cached, v, gen, freed = prefix_kernels.pc_insert_one(
+                s.directory, s.like, root, ns, q, n, vals, self._page, cap, out, priority, ev
+            )
             if status == ROOM:
-                status, cached, v, gen, freed = s.run(lambda: KP.pc_insert_one(
-                    s.D, s.like, root, ns, q, n, vals, self._page, cap, out, priority, ev))
+                status, cached, v, gen, freed = s.run(lambda: prefix_kernels.pc_insert_one(
+                    s.directory, s.like, root, ns, q, n, vals, self._page, cap, out, priority, ev))
             if status == FULL:
                 raise self._full(n)
             if root < 0:
@@ -524,10 +534,12 @@ class PrefixCache(ServingMixin, TreeCache):
             ev = None if self._events is None else self._events.ev(
                 self, event_log.log_size(flat.shape[0], self._page, len(b)))
             grew: list = []
-            s.run(lambda: KP.pc_insert_batch(s.D, s.like, root, flat, offsets, vflat, self._page,
-                                             cap, cursor, cached, out, priority, ev),
-                  plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"),
-                                  grew))
+            s.run(
+                lambda: prefix_kernels.pc_insert_batch(
+                    s.directory, s.like, root, flat, offsets, vflat, self._page, cap, cursor, cached,
+                    out, priority, ev),
+                plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"), grew),
+            )
             if grew:
                 try:
                     s.trim_slack(_START_NODES, _START_TOKENS)
@@ -623,7 +635,7 @@ class PrefixCache(ServingMixin, TreeCache):
             if self._readers:
                 self._drain_readers()
             s = self._s  # under the lock: a reset() may have replaced it
-            status, tokens = KP.lock_handle(s.D, s.like, v, gen, delta)
+            status, tokens = prefix_kernels.lock_handle(s.directory, s.like, v, gen, delta)
         if status != DONE:
             raise self._lock_error(node, status, delta)
         return tokens
@@ -711,7 +723,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 raise ValueError(f"out has room for {out.shape[0]} values; this evict frees "
                                  f"up to {bound}")
             ev = None if self._events is None else self._events.ev(self, 4 * (bound // page) + 8)
-            freed = KP.pc_evict_one(s.D, s.like, n, page, out, ev)
+            freed = prefix_kernels.pc_evict_one(s.directory, s.like, n, page, out, ev)
         return self._evicted(freed, out)
 
     def _check_evict_out(self, out):

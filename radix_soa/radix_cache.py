@@ -8,10 +8,10 @@ from numpy.typing import DTypeLike
 
 from ._tree.base import TreeCache
 from ._tree.invariants import check_tree
-from ._kernels import descent as KD
-from ._kernels import ids as KI
-from ._kernels import mutation as KM
-from ._kernels import walks as KW
+from ._kernels import descent as descent_kernels
+from ._kernels import ids as ids_kernels
+from ._kernels import mutation as mutation_kernels
+from ._kernels import walks as walks_kernels
 from ._kernels.layout import M_NODE_END, ROOM
 from ._input.sequence import as_tokens, check_fits
 from ._tree.storage import TreeStorage, batch_plan
@@ -83,10 +83,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        found = KD.exists_at(s.D, s.like, s.root, q)
+        found = descent_kernels.exists_at(s.directory, s.like, s.root, q)
         if s.generation != generation:  # a growth replaced the arrays meanwhile
             with self._lock:
-                found = KD.exists_at(s.D, s.like, s.root, q)
+                found = descent_kernels.exists_at(s.directory, s.like, s.root, q)
         return bool(found)
 
     __contains__ = exists
@@ -102,10 +102,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        length = KD.match_at(s.D, s.like, s.root, q, 1)
+        length = descent_kernels.match_at(s.directory, s.like, s.root, q, 1)
         if s.generation != generation:
             with self._lock:
-                length = KD.match_at(s.D, s.like, s.root, q, 1)
+                length = descent_kernels.match_at(s.directory, s.like, s.root, q, 1)
         return int(length)
 
     # ------------------------------------------------------------ mutation
@@ -127,9 +127,9 @@ class RadixCache(TreeCache):
         with self._lock:
             if self._readers:
                 self._drain_readers()
-            status, new = KM.radix_insert(s.D, s.like, s.root, q)
+            status, new = mutation_kernels.radix_insert(s.directory, s.like, s.root, q)
             if status == ROOM:
-                status, new = s.run(lambda: KM.radix_insert(s.D, s.like, s.root, q))
+                status, new = s.run(lambda: mutation_kernels.radix_insert(s.directory, s.like, s.root, q))
         return new == 1
 
     def remove(self, sequence: TokenSequence) -> None:
@@ -142,7 +142,7 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         with self._writing:
-            status, removed = s.run(lambda: KM.remove_one(s.T, s.root, q))
+            status, removed = s.run(lambda: mutation_kernels.remove_one(s.arrays, s.root, q))
         if not removed:
             raise KeyError(_short(q))
 
@@ -184,9 +184,12 @@ class RadixCache(TreeCache):
     def _insert_csr(self, b, new, grew):
         s = self._s
         cursor = np.zeros(1, np.int64)
-        s.run(lambda: KM.radix_insert_batch(s.T, s.root, b.flat, b.offsets, cursor, new),
-              plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"),
-                              grew))
+        s.run(
+            lambda: mutation_kernels.radix_insert_batch(
+                s.arrays, s.root, b.flat, b.offsets, cursor, new
+            ),
+            plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"), grew),
+        )
 
     def exists_batch(self, batch: BatchLike, parallel: Parallel = None, *,
                      progress: Progress = False) -> np.ndarray:
@@ -210,12 +213,17 @@ class RadixCache(TreeCache):
         """
         s = self._s
         return run_batches(
-            as_batches(batch), np.bool_, parallel,
+            as_batches(batch),
+            np.bool_,
+            parallel,
             lambda b, res: self._read_released(
-                lambda: KD.exists_batch(*s.R, s.root, b.flat, b.offsets, res)),
+                lambda: descent_kernels.exists_batch(*s.exists_args, s.root, b.flat, b.offsets, res)
+            ),
             lambda b, res: self._read(
-                lambda: KD.exists_batch_parallel(*s.R, s.root, b.flat, b.offsets, res)),
-            progress)
+                lambda: descent_kernels.exists_batch_parallel(*s.exists_args, s.root, b.flat, b.offsets, res)
+            ),
+            progress,
+        )
 
     def match_prefix_batch(self, batch: BatchLike, parallel: Parallel = None, *,
                            progress: Progress = False) -> np.ndarray:
@@ -228,12 +236,19 @@ class RadixCache(TreeCache):
         """
         s = self._s
         return run_batches(
-            as_batches(batch), np.int64, parallel,
+            as_batches(batch),
+            np.int64,
+            parallel,
             lambda b, res: self._read_released(
-                lambda: KD.match_batch(*s.M, s.root, b.flat, b.offsets, 1, res)),
+                lambda: descent_kernels.match_batch(*s.match_args, s.root, b.flat, b.offsets, 1, res)
+            ),
             lambda b, res: self._read(
-                lambda: KD.match_batch_parallel(*s.M, s.root, b.flat, b.offsets, 1, res)),
-            progress)
+                lambda: descent_kernels.match_batch_parallel(
+                    *s.match_args, s.root, b.flat, b.offsets, 1, res
+                )
+            ),
+            progress,
+        )
 
     # ------------------------------------------------------------ sequence ids
     def ids(self, batch: BatchLike) -> np.ndarray:
@@ -272,8 +287,9 @@ class RadixCache(TreeCache):
         for b in as_batches(batch):
             exact = np.empty(len(b), np.int64)
             prefix = np.empty(len(b), np.int64)
-            self._read_released(lambda: KI.ids_batch(*s.R, s.root, b.flat, b.offsets, exact,
-                                                     prefix))
+            self._read_released(
+                lambda: ids_kernels.ids_batch(*s.exists_args, s.root, b.flat, b.offsets, exact, prefix)
+            )
             parts.append((exact, prefix))
         if len(parts) == 1:
             return parts[0]
@@ -287,7 +303,7 @@ class RadixCache(TreeCache):
         if not -1 <= v < 1 << 31:  # node ids are int32
             raise KeyError(f"no stored sequence has id {sequence_id}")
         t = self._s.tree  # one publish's arrays: the kernel reads them holding the GIL
-        found, out = KI.sequence_of(t.tokens, t.start, t.length, t.parent, t.term,
+        found, out = ids_kernels.sequence_of(t.tokens, t.start, t.length, t.parent, t.term,
                                     int(t.meta[M_NODE_END]), v)
         if not found:
             raise KeyError(f"no stored sequence has id {sequence_id}")
@@ -300,8 +316,9 @@ class RadixCache(TreeCache):
         s = self._s
         with self._lock:
             t = s.tree
-            flat, offsets = KW.collect_sequences(t.tokens, t.start, t.length, t.parent, t.term,
-                                                 s.root, s.node_end)
+            flat, offsets = walks_kernels.collect_sequences(
+                t.tokens, t.start, t.length, t.parent, t.term, s.root, s.node_end
+            )
         return flat.astype(np.int64, copy=False), offsets
 
     def __iter__(self) -> Iterator[np.ndarray]:

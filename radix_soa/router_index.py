@@ -16,7 +16,7 @@ import numpy as np
 
 from ._tree.base import ReadersWriter
 from ._events.block_hash import block_hashes, check_event_hash, key64, none_hash
-from ._kernels import router as KR
+from ._kernels import router as router_kernels
 from ._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                          event_from_dict, namespace_seed)
 from ._input.sequence import as_tokens
@@ -26,11 +26,12 @@ from ._input.batch import as_batches
 __all__ = ["RouterIndex"]
 
 _MESSAGES = {
-    KR.E_PARENT: "its parent block {parent} is not held by worker {worker!r} (an event missed "
-                 "or applied out of order)",
-    KR.E_HELD: "block {block} is held by worker {worker!r} already (an event applied twice?)",
-    KR.E_MISMATCH: "block {block} is known with another parent block (another hash function "
-                   "or page size?)",
+    router_kernels.E_PARENT: "its parent block {parent} is not held by worker {worker!r} (an "
+                             "event missed or applied out of order)",
+    router_kernels.E_HELD: "block {block} is held by worker {worker!r} already (an event "
+                           "applied twice?)",
+    router_kernels.E_MISMATCH: "block {block} is known with another parent block (another "
+                               "hash function or page size?)",
 }
 
 
@@ -158,16 +159,16 @@ class RouterIndex(ReadersWriter):
         pkeys = np.zeros(nodes, np.uint64)
         flags = np.full(nodes, -1, np.int8)
         masks = np.zeros((nodes, self._words), np.int64)
-        meta = np.zeros(KR.X_SIZE, np.int64)
-        meta[KR.X_FREE] = -1
+        meta = np.zeros(router_kernels.X_SIZE, np.int64)
+        meta[router_kernels.X_FREE] = -1
         if old is not None:
-            end = int(old["meta"][KR.X_END])
+            end = int(old["meta"][router_kernels.X_END])
             keys[:end], pkeys[:end], flags[:end] = (old["keys"][:end], old["pkeys"][:end],
                                                     old["flags"][:end])
             masks[:end, :old["masks"].shape[1]] = old["masks"][:end]
             meta[:] = old["meta"]
         table = np.full(slots, -1, np.int32)
-        KR.rx_table_rebuild(table, keys, flags, int(meta[KR.X_END]))
+        router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]))
         self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
                               "_meta": meta, "_table": table})
 
@@ -178,9 +179,9 @@ class RouterIndex(ReadersWriter):
     def _reserve(self, new):
         """Room for ``new`` more nodes (and their table slots, load <= 1/2)."""
         meta = self._meta
-        live = int(meta[KR.X_LIVE])
+        live = int(meta[router_kernels.X_LIVE])
         nodes = self._keys.shape[0]
-        ids = max(int(meta[KR.X_END]), live + new)  # free ids are reused first
+        ids = max(int(meta[router_kernels.X_END]), live + new)  # free ids are reused first
         if ids <= nodes and 2 * (live + new) <= self._table.shape[0]:
             return
         size = max(nodes, 64)
@@ -266,20 +267,20 @@ class RouterIndex(ReadersWriter):
             return
         hashes = np.array([key64(h) for h in e.block_hashes], np.uint64)
         if isinstance(e, BlockRemoved):
-            bad = KR.rx_check_remove(self._table, k, m, w, bit, hashes)
+            bad = router_kernels.rx_check_remove(self._table, k, m, w, bit, hashes)
             if bad >= 0:
                 raise EventError(f"event {i}: BlockRemoved of block {e.block_hashes[bad]}, which "
                                  f"worker {worker!r} does not hold")
             parents = np.empty(hashes.shape[0], np.uint64)
             hasp = np.empty(hashes.shape[0], np.int8)
-            KR.rx_drop(self._table, k, t, f, m, meta, w, bit, hashes, parents, hasp)
+            router_kernels.rx_drop(self._table, k, t, f, m, meta, w, bit, hashes, parents, hasp)
             undo.append(lambda: self._add(w, bit, hashes, parents, hasp))
             return
         has_parent = e.parent_block_hash is not None
         parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
-        status, at = KR.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
+        status, at = router_kernels.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
                                        has_parent)
-        if status != KR.OK:
+        if status != router_kernels.OK:
             raise EventError(f"event {i}: BlockStored: " + _MESSAGES[status].format(
                 parent=e.parent_block_hash, worker=worker,
                 block=e.block_hashes[at] if len(e.block_hashes) else None))
@@ -295,21 +296,43 @@ class RouterIndex(ReadersWriter):
 
     def _add(self, w, bit, hashes, parents, hasp):
         self._reserve(hashes.shape[0])
-        KR.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
-                  bit, hashes, parents, hasp)
+        router_kernels.rx_add(
+            self._table,
+            self._keys,
+            self._pkeys,
+            self._flags,
+            self._masks,
+            self._meta,
+            w,
+            bit,
+            hashes,
+            parents,
+            hasp,
+        )
 
     def _drop(self, w, bit, hashes):
         parents = np.empty(hashes.shape[0], np.uint64)
         hasp = np.empty(hashes.shape[0], np.int8)
-        KR.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
-                   bit, hashes, parents, hasp)
+        router_kernels.rx_drop(
+            self._table,
+            self._keys,
+            self._pkeys,
+            self._flags,
+            self._masks,
+            self._meta,
+            w,
+            bit,
+            hashes,
+            parents,
+            hasp,
+        )
 
     def _clear(self, w, bit, undo=None):
-        live = int(self._meta[KR.X_LIVE])
+        live = int(self._meta[router_kernels.X_LIVE])
         out = np.empty(live, np.uint64)
         parents = np.empty(live, np.uint64)
         hasp = np.empty(live, np.int8)
-        n = KR.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
+        n = router_kernels.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
                         self._meta, w, bit, out, parents, hasp)
         if undo is not None:
             undo.append(lambda: self._add(w, bit, out[:n], parents[:n], hasp[:n]))
@@ -371,7 +394,7 @@ class RouterIndex(ReadersWriter):
 
     def __len__(self):
         """Distinct pages some worker holds."""
-        return int(self._meta[KR.X_LIVE])
+        return int(self._meta[router_kernels.X_LIVE])
 
     def __contains__(self, worker):
         try:
@@ -406,8 +429,9 @@ class RouterIndex(ReadersWriter):
         hkeys = self._no_keys if self._none_hash is None else self._page_keys(q, namespace)
         with self._lock:  # the kernel holds the GIL: the lock keeps out a half-done apply
             res = np.empty(65 * self._words, np.int64)
-            KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
-                          res, hkeys)
+            router_kernels.rx_overlap(
+                self._table, self._keys, self._masks, q, self._page, seed, self._live, res, hkeys
+            )
             return res[self._out]
 
     def overlap_scores(self, tokens, namespace=None):
@@ -435,8 +459,17 @@ class RouterIndex(ReadersWriter):
             with self._lock:
                 res = np.empty((len(rows), 65 * self._words), np.int64)
                 for i, q in enumerate(rows):
-                    KR.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed,
-                                  self._live, res[i], keys[i])
+                    router_kernels.rx_overlap(
+                        self._table,
+                        self._keys,
+                        self._masks,
+                        q,
+                        self._page,
+                        seed,
+                        self._live,
+                        res[i],
+                        keys[i],
+                    )
                 return res[:, self._out]
 
         def run():  # registered: no writer changes the arrays until it returns
@@ -444,8 +477,18 @@ class RouterIndex(ReadersWriter):
             parts = []
             for b in batches:
                 res = np.empty((len(b), 65 * words), np.int64)
-                KR.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
-                                    self._page, seed, self._live, res, self._no_keys)
+                router_kernels.rx_overlap_batch(
+                    self._table,
+                    self._keys,
+                    self._masks,
+                    b.flat,
+                    b.offsets,
+                    self._page,
+                    seed,
+                    self._live,
+                    res,
+                    self._no_keys,
+                )
                 parts.append(res[:, out])
             if not parts:
                 return np.zeros((0, len(self._cols)), np.int64)
@@ -461,7 +504,7 @@ class RouterIndex(ReadersWriter):
             if col is None:
                 raise KeyError(f"worker {worker!r} is not in the index")
             w, bit = self._bit(col)
-            end = int(self._meta[KR.X_END])
+            end = int(self._meta[router_kernels.X_END])
             held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
             return sorted(self._keys[:end][held].tolist())
 
@@ -469,4 +512,3 @@ class RouterIndex(ReadersWriter):
         h = "" if self._none_hash is None else ", event_hash='sha256_cbor'"
         return (f"RouterIndex(page_size={self._page}{h}, workers={len(self._cols)}, "
                 f"pages={len(self)})")
-

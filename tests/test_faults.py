@@ -496,7 +496,7 @@ def test_check_invariants_sees_kernel_views_that_are_not_the_storage(monkeypatch
     s.tokens = grown.tokens
     with pytest.raises(InvariantError, match="kernels' tree tuple"):
         rc.check_invariants(full=False)
-    s.tokens = s.T[0]  # and the other way round
+    s.tokens = s.arrays[0]  # and the other way round
     with pytest.raises(InvariantError, match="array attribute"):
         rc.check_invariants(full=False)
 

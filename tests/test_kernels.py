@@ -209,8 +209,8 @@ def test_the_directory_rebuilds_every_array_of_the_tree(dtype):
         pc.lock(h)
     s = pc._s
     expected = np.array([[len(a), int(a.astype(np.int64).sum()), a.itemsize] for a in s.tree])
-    assert np.array_equal(_field_summaries(s.D, s.like), expected)
-    assert np.array_equal(_field_summaries(s.T, s.like), expected)  # the fallback: T itself
+    assert np.array_equal(_field_summaries(s.directory, s.like), expected)
+    assert np.array_equal(_field_summaries(s.arrays, s.like), expected)  # the fallback: T itself
 
 
 def test_without_the_directory_every_call_gives_the_same_answers(monkeypatch):
@@ -231,7 +231,7 @@ def test_without_the_directory_every_call_gives_the_same_answers(monkeypatch):
                             pc.match_length(q), pc.evict(3).values.tolist()))
         rc.check_invariants()
         pc.check_invariants()
-        return answers, rc._s.D, pc._s.D
+        return answers, rc._s.directory, pc._s.directory
 
     with_directory, d1, d2 = run()
     assert isinstance(d1, np.ndarray) and isinstance(d2, np.ndarray)

@@ -6,7 +6,7 @@ import numpy as np
 import radix_soa
 from radix_soa.baselines.replay_reference import replay_reference
 
-from .common import mooncake_conversation, sequences
+from .common import TRACES, mooncake_conversation, sequences
 
 
 def _trace():
@@ -64,3 +64,18 @@ class ReferenceReplay:
 
     def time_reference_replay_one_capacity(self):
         replay_reference(self.trace, capacity=self.cap)
+
+
+class LoadTrace:
+    """Loading the largest kv-cache-tester file (847,377 ids, 219 requests):
+    the strict per-line validation's cost (it took 0.3-1 s on CI VMs)."""
+
+    timeout = 120
+
+    def setup(self):
+        self.path = TRACES / "kv-cache-tester-claude-code" / "trace_0178.json"
+        if not self.path.exists():  # the real traces are not on every machine
+            raise NotImplementedError("no kv-cache-tester traces here")
+
+    def time_load_kvcache_tester_largest_file(self):
+        radix_soa.traces.load_kvcache_tester(self.path)

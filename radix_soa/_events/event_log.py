@@ -23,7 +23,7 @@ import numpy as np
 
 from .._tree import storage
 from .block_hash import block_hashes
-from .._kernels import prefix as KP
+from .._kernels import prefix as prefix_kernels
 from .._kernels.chain import REC_REMOVED, REC_STORED
 from .._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
@@ -168,6 +168,6 @@ def drop_subtree(pc, root, order, out, keep):
     s = pc._s
     total = int(s.length[order].astype(np.int64).sum())
     ev = pc._events.ev(pc, 3 * order.shape[0] + total // pc._page + 8)
-    return KP.drop_subtree(s.D, s.like, root, order, pc._page, out, keep, ev)
+    return prefix_kernels.drop_subtree(s.directory, s.like, root, order, pc._page, out, keep, ev)
 
 

@@ -10,6 +10,7 @@ item they stopped at.)
 
 Modules, bottom up (a module calls only those above it in this list)::
 
+    notice      the one line printed before the first kernel compiles
     config      the decorators (kernel, kernel_alloc, kernel_parallel, kernel_nogil,
                 kernel_scratch)
     prefetch    prefetch (a cache hint; an intrinsic)

@@ -17,6 +17,10 @@ from typing import Any
 
 from numba import njit
 
+from . import notice
+
+notice.install()  # "compiling kernels, once" on a terminal, before the first compiles
+
 
 def nrt_flag_supported():
     """True if this Numba accepts the private ``_nrt`` target option."""

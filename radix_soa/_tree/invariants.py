@@ -48,13 +48,13 @@ def check_views(s):
              "every array attribute is the storage's tree array")
     _require(s.readonly or tree.hkey is not tree.stamp,
              "a writable tree's heap keys are an array of their own")
-    _require(len(s.T) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.T, tree)),
+    _require(len(s.arrays) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.arrays, tree)),
              "the kernels' tree tuple is the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.R, ("tokens", "start", "length", "term", "table"))),
+                 zip(s.exists_args, ("tokens", "start", "length", "term", "table"))),
              "the lookup arguments are the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.M, ("tokens", "start", "length", "table"))),
+                 zip(s.match_args, ("tokens", "start", "length", "table"))),
              "the match arguments are the storage's arrays")
     ncap = tree.start.shape[0]
     _require(all(getattr(tree, n).shape[0] == ncap for n in s.per_node_arrays),

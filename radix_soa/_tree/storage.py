@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import directory as KDir
+from .._kernels import directory as directory_kernels
 from .._kernels import layout as L
-from .._kernels import mutation as KM
-from .._kernels import table as KT
-from .._kernels import walks as KW
+from .._kernels import mutation as mutation_kernels
+from .._kernels import table as table_kernels
+from .._kernels import walks as walks_kernels
 from .._kernels.layout import NODE_FIELDS, ROOM, TRACK_FIELDS, Tree
 from .results import InvariantError
 from .._input.validate import MAX_NODES
@@ -44,7 +44,7 @@ NODE_DTYPES = {name: np.dtype(L.FIELD_DTYPES[name]) for name in NODE_FIELDS}
 TRACK_DTYPES = {name: np.dtype(L.FIELD_DTYPES[name]) for name in TRACK_FIELDS}
 # per-call kernels take the arrays' directory; False (or a Numba without the
 # internals it needs) passes them as the plain tuple (tested both ways)
-USE_DIRECTORY = KDir.HAS_DIRECTORY
+USE_DIRECTORY = directory_kernels.HAS_DIRECTORY
 # the counters Python code reads, by name (the slots themselves stay here)
 COUNTERS = {"tok_used": L.M_TOK_USED, "node_end": L.M_NODE_END, "free_head": L.M_FREE_HEAD,
             "free_count": L.M_FREE_COUNT, "nodes": L.M_NODES, "tokens": L.M_TOKENS,
@@ -82,7 +82,7 @@ def table_size_for(entries):
     """Table size for ``entries`` with room to grow: at least twice the
     entries and under the load limit."""
     size = 16
-    while not KT.table_fits(entries, size) or size < 2 * entries:
+    while not table_kernels.table_fits(entries, size) or size < 2 * entries:
         size *= 2
     return size
 
@@ -90,7 +90,7 @@ def table_size_for(entries):
 def smallest_table_for(entries):
     """Smallest table holding ``entries`` under the load limit."""
     size = 16
-    while not KT.table_fits(entries, size):
+    while not table_kernels.table_fits(entries, size):
         size *= 2
     return size
 
@@ -156,10 +156,10 @@ class TreeStorage:
     meta: np.ndarray
     generation: int
     tree: Tree
-    T: tuple
-    R: tuple
-    M: tuple
-    D: Any  # the directory array, or ``T`` without it
+    arrays: tuple
+    exists_args: tuple
+    match_args: tuple
+    directory: Any  # the directory array, or ``arrays`` without it
     like: np.ndarray
 
     def __init__(self, dtype=np.int64, *, values=False, track=False, page_size=1,
@@ -210,22 +210,25 @@ class TreeStorage:
           (``tokens``, ``start``, ... ``meta``);
         - ``generation``: bumped by every publish, so a lock-free reader
           can tell that the arrays it read from were replaced;
-        - ``T``: the same arrays as the plain tuple mutating kernels take;
-        - ``R``: ``(tokens, start, length, term, table)``, what the
-          batch ``exists`` reads; ``M``: the same without ``term``, what the
-          batch ``match`` reads;
-        - ``D``: the directory of every array the per-call entry kernels take
-          (see ``radix_soa._kernels.directory``; it keeps the arrays alive),
-          or ``T`` itself where this Numba lacks what the directory needs;
-          ``like``: an empty array of the token dtype, passed beside ``D``.
+        - ``arrays``: the same arrays as the plain tuple the mutating kernels
+          take (the kernels' ``T``);
+        - ``exists_args``: ``(tokens, start, length, term, table)``, what the
+          batch ``exists`` reads; ``match_args``: the same without ``term``,
+          what the batch ``match`` reads;
+        - ``directory``: the directory of every array the per-call entry
+          kernels take (their ``D``; see ``radix_soa._kernels.directory``; it
+          keeps the arrays alive), or ``arrays`` itself where this Numba lacks
+          what the directory needs; ``like``: an empty array of the token
+          dtype, passed beside ``directory``.
         """
         views = tree._asdict()
         views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
         views["tree"] = tree
-        views["T"] = tuple(tree)
-        views["R"] = (tree.tokens, tree.start, tree.length, tree.term, tree.table)
-        views["M"] = (tree.tokens, tree.start, tree.length, tree.table)
-        views["D"] = KDir.directory_of(tree) if USE_DIRECTORY else views["T"]
+        views["arrays"] = tuple(tree)
+        views["exists_args"] = (tree.tokens, tree.start, tree.length, tree.term, tree.table)
+        views["match_args"] = (tree.tokens, tree.start, tree.length, tree.table)
+        views["directory"] = (directory_kernels.directory_of(tree) if USE_DIRECTORY
+                              else views["arrays"])
         views["like"] = tree.tokens[:0]
         self.__dict__.update(views)
 
@@ -286,7 +289,7 @@ class TreeStorage:
         need_slots = int(meta[L.M_NODES]) + nodes
         if "start" in changes:  # the table grows with the node arrays: one growth, not two
             need_slots = max(need_slots, changes["start"].shape[0] // 2)
-        if not KT.table_fits(need_slots, tree.table.shape[0]):
+        if not table_kernels.table_fits(need_slots, tree.table.shape[0]):
             changes["table"] = self._built_table(tree._replace(**changes),
                                                  table_size_for(need_slots))
         if changes:
@@ -313,7 +316,7 @@ class TreeStorage:
 
     def _built_table(self, tree, size):
         table = allocate(size, np.int64, L.EMPTY)
-        KT.table_rebuild(table, tree.tokens, tree.start, tree.length, tree.parent,
+        table_kernels.table_rebuild(table, tree.tokens, tree.start, tree.length, tree.parent,
                          int(tree.meta[L.M_NODE_END]), self.page_size)
         return table
 
@@ -348,7 +351,7 @@ class TreeStorage:
     def new_root(self, namespace=0):
         """Allocate a root for namespace number ``namespace`` (kept in the
         root's ``start``); returns its id."""
-        status, root = self.run(lambda: KM.new_root(self.T, self.track, namespace))
+        status, root = self.run(lambda: mutation_kernels.new_root(self.arrays, self.track, namespace))
         return int(root)
 
     def root_ids(self):
@@ -379,7 +382,9 @@ class TreeStorage:
         changes = self._node_arrays(tree, max(MIN_NODES, end + int(end * headroom)), end)
         changes["tokens"] = allocate(cap, self.dtype)
         changes["values"] = allocate(cap if self.has_values else 0, np.int64)
-        written = KW.compact_spans(self.T, changes["start"], changes["tokens"], changes["values"])
+        written = walks_kernels.compact_spans(
+            self.arrays, changes["start"], changes["tokens"], changes["values"]
+        )
         if written != live:
             raise InvariantError(f"compaction copied {written} tokens of {live} live ones")
         changes["meta"] = new_meta = meta.copy()

@@ -31,7 +31,7 @@ Their kernels are in ``radix_soa._kernels.baselines``.
 
 import numpy as np
 
-from .._kernels import baselines as KB
+from .._kernels import baselines as baselines_kernels
 from .._kernels.baselines import (NO_ENTRY, SET_META_SIZE, SET_SEQS, SET_TOKENS, TRIE_META_SIZE,
                                   TRIE_NODES, TRIE_TERMINALS)
 from .._kernels.table import table_fits
@@ -118,8 +118,9 @@ class TokenTrie:
             new["term"] = _grown(self.term, (cap + 7) // 8, (end + 7) // 8)
         if not table_fits(have + nodes, self.table.shape[0]):
             new["table"] = np.full(table_size_for(have + nodes), NO_ENTRY, np.int32)
-            KB.trie_rebuild_table(new.get("token", self.token), new.get("parent", self.parent),
-                                  new["table"], have)
+            baselines_kernels.trie_rebuild_table(
+                new.get("token", self.token), new.get("parent", self.parent), new["table"], have
+            )
         self.__dict__.update(new)
 
     def insert_batch(self, seqs):
@@ -130,8 +131,9 @@ class TokenTrie:
         new = np.zeros(len(b), np.bool_)
         i = 0
         while True:
-            i = KB.trie_insert_batch(self.token, self.parent, self.term, self.table, self.meta,
-                                  b.flat, b.offsets, i, new)
+            i = baselines_kernels.trie_insert_batch(
+                self.token, self.parent, self.term, self.table, self.meta, b.flat, b.offsets, i, new
+            )
             if i >= len(b):
                 return new
             self._reserve(int(b.offsets[i + 1] - b.offsets[i]))
@@ -140,14 +142,18 @@ class TokenTrie:
         """True where a sequence was inserted exactly."""
         b = _batch(seqs, None)
         out = np.zeros(len(b), np.bool_)
-        KB.trie_exists_batch(self.token, self.parent, self.term, self.table, b.flat, b.offsets, out)
+        baselines_kernels.trie_exists_batch(
+            self.token, self.parent, self.term, self.table, b.flat, b.offsets, out
+        )
         return out
 
     def match_prefix_batch(self, seqs):
         """Length of the longest prefix present as a path, per sequence."""
         b = _batch(seqs, None)
         out = np.zeros(len(b), np.int64)
-        KB.trie_match_batch(self.token, self.parent, self.table, b.flat, b.offsets, out)
+        baselines_kernels.trie_match_batch(
+            self.token, self.parent, self.table, b.flat, b.offsets, out
+        )
         return out
 
     def memory_report(self):
@@ -204,8 +210,9 @@ class SequenceHashSet:
             new["offs"] = _grown(self.offs, max(2 * self.offs.shape[0], n + 1 + seqs), n + 1)
         if not table_fits(n + seqs, self.table.shape[0]):
             new["table"] = np.full(table_size_for(n + seqs), NO_ENTRY, np.int32)
-            KB.set_rebuild_table(new.get("buf", self.buf), new.get("offs", self.offs),
-                                 new["table"], n)
+            baselines_kernels.set_rebuild_table(
+                new.get("buf", self.buf), new.get("offs", self.offs), new["table"], n
+            )
         self.__dict__.update(new)
 
     def insert_batch(self, seqs):
@@ -215,7 +222,7 @@ class SequenceHashSet:
         new = np.zeros(len(b), np.bool_)
         i = 0
         while True:
-            i = KB.set_insert_batch(self.buf, self.offs, self.table, self.meta,
+            i = baselines_kernels.set_insert_batch(self.buf, self.offs, self.table, self.meta,
                                  b.flat, b.offsets, i, new)
             if i >= len(b):
                 return new
@@ -225,7 +232,9 @@ class SequenceHashSet:
         """True where a sequence is stored."""
         b = _batch(seqs, None)
         out = np.zeros(len(b), np.bool_)
-        KB.set_contains_batch(self.buf, self.offs, self.table, b.flat, b.offsets, out)
+        baselines_kernels.set_contains_batch(
+            self.buf, self.offs, self.table, b.flat, b.offsets, out
+        )
         return out
 
     def memory_report(self):

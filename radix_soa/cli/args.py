@@ -7,7 +7,7 @@ from decimal import Decimal, InvalidOperation
 
 from .._input.validate import MAX_COUNT, check_int
 from ..studies.cluster import MAX_WORKERS, ROUTERS
-from ..studies.replay import check_warmup
+from ..studies.runs import check_warmup
 
 PROG = "radix-soa"
 

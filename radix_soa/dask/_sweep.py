@@ -7,8 +7,8 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple, TypeVar
 import distributed
 
 from .._input.validate import check_int
-from ..studies.replay import (SCHEDULES, SweepProgress, SweepResult, TraceLike, _as_trace,
-                              replay)
+from ..studies.replay import SCHEDULES, SweepResult, replay
+from ..studies.runs import SweepProgress, TraceLike, as_trace
 from ..studies.traces import Trace
 from ._sharded import _client
 
@@ -68,7 +68,7 @@ def sweep_many(traces: Dict[K, TraceLike], capacities: Iterable[Optional[int]], 
         if s not in SCHEDULES:
             raise ValueError(f"schedules: each must be one of {sorted(SCHEDULES)}; got {s!r}")
     caps = _capacities(capacities)
-    prepared = {name: _as_trace(t) for name, t in traces.items()}
+    prepared = {name: as_trace(t) for name, t in traces.items()}
     # the other arguments, checked here by a replay of one short request
     replay(Trace.from_sequences([[0]]), capacity=caps[0], schedule=schedules[0], **kwargs)
     client = _client(client)

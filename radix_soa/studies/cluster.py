@@ -81,35 +81,33 @@ prefill + decode time of its requests) over the mean; ``request_imbalance``
 the same for request counts. Both are 1.0 for a perfect split.
 """
 
-import inspect
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .._kernels import cluster as KC
+from .._kernels import cluster as cluster_kernels
 from .._kernels.directory import SLOTS
 from .._kernels.layout import M_POLICY
 from .._tree.results import InvariantError
 from .._tree import storage
 from .._tree.storage import TreeStorage, resume
 from .._input.validate import check_int, check_policy
-from .replay import (SweepProgress, TraceLike, _as_trace, _readonly, _roots, check_warmup,
-                     run_replays, scored_from)
+from .runs import (SweepProgress, TraceLike, as_trace, check_warmup, listed, namespace_roots,
+                   readonly_int64, run_replays, scored_from)
 
-__all__ = ["replay_cluster", "sweep_cluster", "ClusterResult", "ClusterSweep", "ROUTERS",
+__all__ = ["replay_cluster", "sweep_cluster", "ClusterOptions", "ClusterResult", "ClusterSweep",
+           "ROUTERS",
            "ring_points", "prefix_hash_route"]
 
-ROUTERS = {"round_robin": KC.ROUND_ROBIN, "random": KC.RANDOM,
-           "least_loaded": KC.LEAST_LOADED, "prefix_hash": KC.PREFIX_HASH,
-           "cache_aware": KC.CACHE_AWARE, "kv_overlap": KC.KV_OVERLAP}
+ROUTERS = {"round_robin": cluster_kernels.ROUND_ROBIN, "random": cluster_kernels.RANDOM,
+           "least_loaded": cluster_kernels.LEAST_LOADED, "prefix_hash": cluster_kernels.PREFIX_HASH,
+           "cache_aware": cluster_kernels.CACHE_AWARE, "kv_overlap": cluster_kernels.KV_OVERLAP}
 LOADS = ("requests", "tokens")
 MAX_WORKERS = 4096
 
-#: The service-time model's defaults (documented in the module docstring).
-DEFAULTS: Dict[str, Any] = dict(slots=32, prefill_rate=10_000.0, decode_rate=50.0)
 
 
 @dataclass
@@ -196,34 +194,82 @@ def _number(name, value, low, high=math.inf, low_open=False):
     return v
 
 
-def _options(router, workers, seed, slots, prefill_rate, decode_rate, arrival_rate, load,
-             prefix_pages, vnodes, cache_threshold, balance_abs_threshold,
-             balance_rel_threshold, max_tree_size, eviction_interval, overlap_score_weight):
-    """Every option checked (before anything is built), as a dict."""
-    if not isinstance(router, str) or router not in ROUTERS:
-        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
-    if not isinstance(load, str) or load not in LOADS:
-        raise ValueError(f"load must be one of {', '.join(LOADS)}; got {load!r}")
-    return dict(
-        workers=check_int("workers", workers, minimum=1, maximum=MAX_WORKERS),
-        seed=check_int("seed", seed, minimum=0, maximum=2**63 - 1),
-        slots=check_int("slots", slots, minimum=1, maximum=1 << 20),
-        prefill_rate=_number("prefill_rate", prefill_rate, 0.0, low_open=True),
-        decode_rate=_number("decode_rate", decode_rate, 0.0, low_open=True),
-        arrival_rate=(None if arrival_rate is None
-                      else _number("arrival_rate", arrival_rate, 0.0, low_open=True)),
-        load=LOADS.index(load),
-        prefix_pages=check_int("prefix_pages", prefix_pages, minimum=1),
-        vnodes=check_int("vnodes", vnodes, minimum=1, maximum=1 << 16),
-        cache_threshold=_number("cache_threshold", cache_threshold, 0.0, 1.0),
-        balance_abs_threshold=check_int("balance_abs_threshold", balance_abs_threshold,
-                                        minimum=0),
-        balance_rel_threshold=_number("balance_rel_threshold", balance_rel_threshold, 1.0),
-        max_tree_size=(None if max_tree_size is None
-                       else check_int("max_tree_size", max_tree_size, minimum=0)),
-        eviction_interval=(None if eviction_interval is None
-                           else _number("eviction_interval", eviction_interval, 0.0)),
-        overlap_score_weight=_number("overlap_score_weight", overlap_score_weight, 0.0))
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The router and service-time options of ``replay_cluster`` (see the
+    module docstring for what each means), checked when made: TypeError or
+    ValueError naming the option.
+
+    >>> ClusterOptions(slots=4).slots, ClusterOptions().cache_threshold
+    (4, 0.5)
+    >>> ClusterOptions(load="bytes")
+    Traceback (most recent call last):
+    ...
+    ValueError: load must be one of requests, tokens; got 'bytes'
+    """
+
+    seed: int = 0
+    slots: int = 32
+    prefill_rate: float = 10_000.0
+    decode_rate: float = 50.0
+    arrival_rate: Optional[float] = None
+    load: str = "requests"
+    prefix_pages: int = 4
+    vnodes: int = 64
+    cache_threshold: float = 0.5
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.1
+    max_tree_size: Optional[int] = None
+    eviction_interval: Optional[float] = 30.0
+    overlap_score_weight: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.load, str) or self.load not in LOADS:
+            raise ValueError(f"load must be one of {', '.join(LOADS)}; got {self.load!r}")
+        checked = dict(
+            seed=check_int("seed", self.seed, minimum=0, maximum=2**63 - 1),
+            slots=check_int("slots", self.slots, minimum=1, maximum=1 << 20),
+            prefill_rate=_number("prefill_rate", self.prefill_rate, 0.0, low_open=True),
+            decode_rate=_number("decode_rate", self.decode_rate, 0.0, low_open=True),
+            arrival_rate=(None if self.arrival_rate is None
+                          else _number("arrival_rate", self.arrival_rate, 0.0, low_open=True)),
+            prefix_pages=check_int("prefix_pages", self.prefix_pages, minimum=1),
+            vnodes=check_int("vnodes", self.vnodes, minimum=1, maximum=1 << 16),
+            cache_threshold=_number("cache_threshold", self.cache_threshold, 0.0, 1.0),
+            balance_abs_threshold=check_int("balance_abs_threshold",
+                                            self.balance_abs_threshold, minimum=0),
+            balance_rel_threshold=_number("balance_rel_threshold", self.balance_rel_threshold,
+                                          1.0),
+            max_tree_size=(None if self.max_tree_size is None
+                           else check_int("max_tree_size", self.max_tree_size, minimum=0)),
+            eviction_interval=(None if self.eviction_interval is None
+                               else _number("eviction_interval", self.eviction_interval, 0.0)),
+            overlap_score_weight=_number("overlap_score_weight", self.overlap_score_weight, 0.0))
+        for name, value in checked.items():  # the checked values (ints as int, ...)
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of(cls, options: Optional["ClusterOptions"] = None,
+           **changes: Any) -> "ClusterOptions":
+        """``options`` (default: the defaults) with ``changes`` made, each
+        named as a field; an unknown name is a TypeError.
+
+        >>> ClusterOptions.of(ClusterOptions(slots=4), seed=2)
+        ClusterOptions(seed=2, slots=4, ...)
+        """
+        base = cls() if options is None else options
+        if not isinstance(base, cls):
+            raise TypeError(f"options must be a ClusterOptions; got {type(base).__name__}")
+        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown cluster option {unknown[0]!r}; the options are "
+                            f"{', '.join(f.name for f in fields(cls))}")
+        return replace(base, **changes) if changes else base
+
+    def __repr__(self) -> str:
+        changed = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                   if getattr(self, f.name) != f.default]
+        return f"ClusterOptions({', '.join(changed + ['...'] if changed else [])})"
 
 
 def ring_points(workers: int, vnodes: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -266,32 +312,28 @@ def _arrivals(tr, arrival_rate):
 
 def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] = None,
                    router: str = "cache_aware", page_size: int = 1, schedule: str = "fcfs",
-                   eviction_policy: str = "lru", warmup: float = 0.0, *, seed: int = 0,
-                   slots: int = DEFAULTS["slots"], prefill_rate: float = DEFAULTS["prefill_rate"],
-                   decode_rate: float = DEFAULTS["decode_rate"],
-                   arrival_rate: Optional[float] = None, load: str = "requests",
-                   prefix_pages: int = 4, vnodes: int = 64, cache_threshold: float = 0.5,
-                   balance_abs_threshold: int = 32, balance_rel_threshold: float = 1.1,
-                   max_tree_size: Optional[int] = None,
-                   eviction_interval: Optional[float] = 30.0,
-                   overlap_score_weight: float = 1.0) -> ClusterResult:
+                   eviction_policy: str = "lru", warmup: float = 0.0,
+                   options: Optional[ClusterOptions] = None, **changes: Any) -> ClusterResult:
     """Replay ``trace`` over ``workers`` prefix caches of ``capacity`` ids
     each (``None``: unbounded), routing every request with ``router``; see
     the module docstring for the workers, the time model and the routers.
     ``trace``, ``capacity``, ``page_size``, ``eviction_policy`` and
     ``warmup`` as for ``radix_soa.replay``; ``schedule`` must be ``"fcfs"``
-    (each worker serves its requests in arrival order). Returns a
+    (each worker serves its requests in arrival order). The router and
+    time-model options are a ``ClusterOptions`` (``options``; ``changes``
+    names fields to change in it: ``replay_cluster(t, slots=4)`` is
+    ``replay_cluster(t, options=ClusterOptions(slots=4))``). Returns a
     ``ClusterResult``. Every option is checked before anything runs
     (TypeError/ValueError naming it).
     """
-    tr = _as_trace(trace)
+    tr = as_trace(trace)
     if schedule != "fcfs":
         raise ValueError(f"schedule must be 'fcfs' for a cluster replay (each worker serves "
                          f"its requests in arrival order); got {schedule!r}")
-    opt = _options(router, workers, seed, slots, prefill_rate, decode_rate, arrival_rate, load,
-                   prefix_pages, vnodes, cache_threshold, balance_abs_threshold,
-                   balance_rel_threshold, max_tree_size, eviction_interval,
-                   overlap_score_weight)
+    if not isinstance(router, str) or router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
+    o = ClusterOptions.of(options, **changes)
+    nw = check_int("workers", workers, minimum=1, maximum=MAX_WORKERS)
     page = check_int("page_size", page_size, minimum=1)
     policy = check_policy(eviction_policy)
     warmup = check_warmup(warmup)
@@ -299,11 +341,10 @@ def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] =
     n = len(tr)
     if n == 0:
         raise ValueError("cannot replay an empty trace")
-    times = _arrivals(tr, opt["arrival_rate"])
-    nw = opt["workers"]
+    times = _arrivals(tr, o.arrival_rate)
     kind = ROUTERS[router]
-    flat = _readonly(tr.flat)
-    offsets = _readonly(tr.offsets)
+    flat = readonly_int64(tr.flat)
+    offsets = readonly_int64(tr.offsets)
     ns = np.ascontiguousarray(tr.namespace, dtype=np.int64)
     inputs = np.ascontiguousarray(tr.input_tokens, dtype=np.int64)
     outputs = np.ascontiguousarray(tr.output_tokens, dtype=np.int64)
@@ -312,52 +353,56 @@ def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] =
 
     t0 = time.perf_counter()
     pre = np.zeros(n, np.int64)
-    if kind in (KC.RANDOM, KC.KV_OVERLAP):
-        pre[:] = np.random.default_rng(opt["seed"]).integers(0, nw, n)
-    elif kind == KC.PREFIX_HASH:
-        KC.prefix_hashes(flat, offsets, ns, opt["prefix_pages"] * page, pre)
-        pre = prefix_hash_route(pre, *ring_points(nw, opt["vnodes"]))
+    if kind in (cluster_kernels.RANDOM, cluster_kernels.KV_OVERLAP):
+        pre[:] = np.random.default_rng(o.seed).integers(0, nw, n)
+    elif kind == cluster_kernels.PREFIX_HASH:
+        cluster_kernels.prefix_hashes(flat, offsets, ns, o.prefix_pages * page, pre)
+        pre = prefix_hash_route(pre, *ring_points(nw, o.vnodes))
     # sized for a fair share of the trace up front: growth runs in Python
     # between kernel calls, and 2N trees growing from empty took ~10 calls each
     share = int(lengths.sum()) // nw + 1
     tokens = share if cap < 0 else min(share, 2 * cap) + int(lengths.max())
     nodes = 2 * (n // nw) + 64
     stores = [_store(policy, page, tokens, nodes) for _ in range(nw)]
-    approx = [_store(0, 1, tokens, nodes) for _ in range(nw)] if kind == KC.CACHE_AWARE else []
-    roots = _roots(stores[0], ns)
+    approx = (
+        [_store(0, 1, tokens, nodes) for _ in range(nw)]
+        if kind == cluster_kernels.CACHE_AWARE
+        else []
+    )
+    roots = namespace_roots(stores[0], ns)
     for s in stores[1:] + approx:
-        if not np.array_equal(_roots(s, ns), roots):
+        if not np.array_equal(namespace_roots(s, ns), roots):
             raise InvariantError("worker trees gave one namespace different roots")
 
-    tree_max = opt["max_tree_size"]
+    tree_max = o.max_tree_size
     if tree_max is None:
         tree_max = cap
-    interval = opt["eviction_interval"]
-    params = np.zeros(KC.PARAMS_SIZE, np.int64)
-    params[KC.P_WORKERS] = nw
-    params[KC.P_ROUTER] = kind
-    params[KC.P_PAGE] = page
-    params[KC.P_CAPACITY] = cap
-    params[KC.P_MAX_LEN] = int(lengths.max())
-    params[KC.P_SLOTS] = opt["slots"]
-    params[KC.P_LOAD] = opt["load"]
-    params[KC.P_ABS] = opt["balance_abs_threshold"]
-    params[KC.P_TREE_MAX] = tree_max
-    params[KC.P_BLOCK] = bs
-    fparams = np.zeros(KC.FPARAMS_SIZE, np.float64)
-    fparams[KC.F_REL] = opt["balance_rel_threshold"]
-    fparams[KC.F_CACHE] = opt["cache_threshold"]
-    fparams[KC.F_WEIGHT] = opt["overlap_score_weight"]
-    fparams[KC.F_PREFILL] = opt["prefill_rate"]
-    fparams[KC.F_DECODE] = opt["decode_rate"]
-    fparams[KC.F_INTERVAL] = -1.0 if interval is None else interval
-    state = np.zeros(KC.STATE_SIZE, np.int64)
-    fstate = np.zeros(KC.FSTATE_SIZE, np.float64)
-    fstate[KC.FS_TIME] = -math.inf
-    fstate[KC.FS_NEXT_EVICT] = 0.0 if interval is None else interval
-    wstate = np.zeros((nw, KC.W_SIZE), np.int64)
+    interval = o.eviction_interval
+    params = np.zeros(cluster_kernels.PARAMS_SIZE, np.int64)
+    params[cluster_kernels.P_WORKERS] = nw
+    params[cluster_kernels.P_ROUTER] = kind
+    params[cluster_kernels.P_PAGE] = page
+    params[cluster_kernels.P_CAPACITY] = cap
+    params[cluster_kernels.P_MAX_LEN] = int(lengths.max())
+    params[cluster_kernels.P_SLOTS] = o.slots
+    params[cluster_kernels.P_LOAD] = LOADS.index(o.load)
+    params[cluster_kernels.P_ABS] = o.balance_abs_threshold
+    params[cluster_kernels.P_TREE_MAX] = tree_max
+    params[cluster_kernels.P_BLOCK] = bs
+    fparams = np.zeros(cluster_kernels.FPARAMS_SIZE, np.float64)
+    fparams[cluster_kernels.F_REL] = o.balance_rel_threshold
+    fparams[cluster_kernels.F_CACHE] = o.cache_threshold
+    fparams[cluster_kernels.F_WEIGHT] = o.overlap_score_weight
+    fparams[cluster_kernels.F_PREFILL] = o.prefill_rate
+    fparams[cluster_kernels.F_DECODE] = o.decode_rate
+    fparams[cluster_kernels.F_INTERVAL] = -1.0 if interval is None else interval
+    state = np.zeros(cluster_kernels.STATE_SIZE, np.int64)
+    fstate = np.zeros(cluster_kernels.FSTATE_SIZE, np.float64)
+    fstate[cluster_kernels.FS_TIME] = -math.inf
+    fstate[cluster_kernels.FS_NEXT_EVICT] = 0.0 if interval is None else interval
+    wstate = np.zeros((nw, cluster_kernels.W_SIZE), np.int64)
     wbusy = np.zeros(nw, np.float64)
-    slot_free = np.zeros((nw, opt["slots"]), np.float64)
+    slot_free = np.zeros((nw, o.slots), np.float64)
     ev_t = np.zeros(2 * n, np.float64)
     ev_v = np.zeros(2 * n, np.int64)
     assign = np.zeros(n, np.int64)
@@ -372,9 +417,34 @@ def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] =
     def run():
         W = _trees(stores)
         R = _trees(approx) if approx else W
-        return KC.cluster_run(W, R, like, roots, flat, offsets, times, inputs, outputs, pre,
-                              params, fparams, state, fstate, wstate, wbusy, slot_free, ev_t,
-                              ev_v, assign, hits, rejected, modes, first_token, finish, out)
+        return cluster_kernels.cluster_run(
+            W,
+            R,
+            like,
+            roots,
+            flat,
+            offsets,
+            times,
+            inputs,
+            outputs,
+            pre,
+            params,
+            fparams,
+            state,
+            fstate,
+            wstate,
+            wbusy,
+            slot_free,
+            ev_t,
+            ev_v,
+            assign,
+            hits,
+            rejected,
+            modes,
+            first_token,
+            finish,
+            out,
+        )
 
     resume(run, stores + approx)
     seconds = time.perf_counter() - t0
@@ -391,12 +461,19 @@ def replay_cluster(trace: TraceLike, workers: int = 8, capacity: Optional[int] =
     reqs = np.bincount(a, minlength=nw).astype(np.int64)
     total_w, hit_w = per(lengths), per(hits)
     per_worker = {
-        "requests": reqs, "total_ids": total_w, "hit_ids": hit_w,
+        "requests": reqs,
+        "total_ids": total_w,
+        "hit_ids": hit_w,
         "hit_rate": np.divide(hit_w, total_w, out=np.zeros(nw), where=total_w > 0),
-        "prefill_tokens": per(inputs), "prefill_tokens_saved": per(saved),
-        "evicted_ids": wstate[:, KC.W_INSERTED] - final, "peak_ids": wstate[:, KC.W_PEAK].copy(),
-        "final_ids": final, "rejected": per(rejected.astype(np.int64)),
-        "peak_outstanding": wstate[:, KC.W_PEAK_OUTSTANDING].copy(), "busy_seconds": wbusy}
+        "prefill_tokens": per(inputs),
+        "prefill_tokens_saved": per(saved),
+        "evicted_ids": wstate[:, cluster_kernels.W_INSERTED] - final,
+        "peak_ids": wstate[:, cluster_kernels.W_PEAK].copy(),
+        "final_ids": final,
+        "rejected": per(rejected.astype(np.int64)),
+        "peak_outstanding": wstate[:, cluster_kernels.W_PEAK_OUTSTANDING].copy(),
+        "busy_seconds": wbusy,
+    }
     return ClusterResult(
         workers=nw, router=router, requests=n, capacity=capacity, page_size=page,
         block_size=bs, total_ids=int(lengths[sc].sum()), hit_ids=int(hits[sc].sum()),
@@ -430,11 +507,11 @@ def _store(policy, page, tokens, nodes):
 def _trees(stores):
     """The kernel's view of several trees: one directory row per tree, or
     (without directories) the tuple of their ``T`` tuples."""
-    if not storage.USE_DIRECTORY or not all(isinstance(s.D, np.ndarray) for s in stores):
-        return tuple(s.T for s in stores)
+    if not storage.USE_DIRECTORY or not all(isinstance(s.directory, np.ndarray) for s in stores):
+        return tuple(s.arrays for s in stores)
     W = np.empty((len(stores), SLOTS), np.int64)
     for k, s in enumerate(stores):
-        W[k] = s.D
+        W[k] = s.directory
     return W
 
 
@@ -499,27 +576,20 @@ def sweep_cluster(trace: TraceLike, workers: Union[int, Iterable[int]] = (1, 2, 
     every combination is checked before any runs. ``progress`` is called
     with the number of replays done after each one.
     """
-    tr = _as_trace(trace)
-    combos = [(w, r, c) for w in _listed("workers", workers) for r in _listed("routers", routers)
-              for c in _listed("capacities", capacities)]
-    for w, r, c in combos:  # check every option now, not after half the sweep ran
-        _options(r, w, **{k: kwargs.get(k, v) for k, v in _OPTION_DEFAULTS.items()})
+    tr = as_trace(trace)
+    combos = [(w, r, c) for w in listed("workers", workers) for r in listed("routers", routers)
+              for c in listed("capacities", capacities)]
+    options = ClusterOptions.of(kwargs.pop("options", None),
+                                **{k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_NAMES})
+    for w, r, c in combos:  # check every argument now, not after half the sweep ran
+        check_int("workers", w, minimum=1, maximum=MAX_WORKERS)
+        if not isinstance(r, str) or r not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {r!r}")
         if c is not None:
             check_int("capacity", c, minimum=0)
     return ClusterSweep(run_replays(
         lambda combo: replay_cluster(tr, workers=combo[0], capacity=combo[2], router=combo[1],
-                                     **kwargs), combos, threads, progress))
+                                     options=options, **kwargs), combos, threads, progress))
 
 
-#: The router and time-model options of ``replay_cluster`` and their defaults.
-_OPTION_DEFAULTS = {k: p.default for k, p in inspect.signature(replay_cluster).parameters.items()
-                    if p.kind == p.KEYWORD_ONLY}
-
-
-def _listed(name, values):
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        values = [values]
-    out = list(values)
-    if not out:
-        raise ValueError(f"{name} is empty")
-    return out
+_OPTION_NAMES = {f.name for f in fields(ClusterOptions)}

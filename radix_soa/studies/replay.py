@@ -12,33 +12,28 @@ prefill, evictions and the index's memory, in one compiled call per replay.
 [500, 1000, 2000]
 """
 
-import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TypeVar, Union
+from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
-from .._kernels import replay as KR
+from .._kernels import replay as replay_kernels
 from .._tree.storage import TreeStorage, resume
 from .._kernels.layout import M_POLICY
 from .._input.validate import check_int, check_policy
-from .._input.types import BatchLike
-from .._input.batch import as_batches, pack
-from .traces import Trace
+from .runs import (SweepProgress, TraceLike, as_trace, check_warmup, namespace_roots,
+                   readonly_int64, run_replays, scored_from)
 
-__all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES", "check_warmup",
-           "scored_from"]
+__all__ = ["replay", "sweep", "ReplayResult", "SweepResult", "SCHEDULES"]
 
-SCHEDULES = {"fcfs": KR.POLICY_FCFS, "lpm": KR.POLICY_LPM, "dfs": KR.POLICY_DFS}
+SCHEDULES = {
+    "fcfs": replay_kernels.POLICY_FCFS,
+    "lpm": replay_kernels.POLICY_LPM,
+    "dfs": replay_kernels.POLICY_DFS,
+}
 DEFAULT_WINDOW = 64
 
-# what the replays take: a Trace, or anything ``radix_soa.pack`` takes
-TraceLike = Union[Trace, BatchLike]
-# a sweep's progress report: called with the number of replays done
-SweepProgress = Optional[Callable[[int], Any]]
 
 
 @dataclass
@@ -137,42 +132,6 @@ class ReplayResult:
         return out
 
 
-def check_warmup(warmup: float) -> float:
-    """``warmup`` as a float in [0, 1), or TypeError/ValueError naming it."""
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float, np.integer, np.floating)):
-        raise TypeError(f"warmup must be a number in [0, 1), got {type(warmup).__name__}")
-    w = float(warmup)
-    if not 0.0 <= w < 1.0:  # NaN fails too
-        raise ValueError(f"warmup must be in [0, 1) (the share of requests that only warm "
-                         f"the cache), got {warmup!r}")
-    return w
-
-
-def scored_from(n: int, warmup: float) -> int:
-    """Index of the first scored request: the first ``floor(warmup * n)``
-    arrivals only warm the cache (kvcache-simulator's rule).
-
-    >>> scored_from(23608, 0.5), scored_from(59937, 0.5), scored_from(5, 0.0)
-    (11804, 29968, 0)
-    """
-    return int(math.floor(warmup * n))
-
-
-def _as_trace(trace):
-    """A ``Trace`` as is; any batch input as a one-namespace token trace."""
-    if isinstance(trace, Trace):
-        return trace
-    batches = as_batches(trace)
-    if len(batches) != 1:
-        batches = [pack([s for b in batches for s in b])]
-    b = batches[0]
-    n = len(b)
-    flat = b.flat.astype(np.int64, copy=False)
-    return Trace(name="sequences", flat=flat, offsets=b.offsets, timestamps=np.zeros(n),
-                 input_tokens=b.lengths.astype(np.int64), output_tokens=np.zeros(n, np.int64),
-                 namespace=np.zeros(n, np.int64), block_size=1)
-
-
 def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
            host_capacity: Optional[int] = None, schedule: str = "fcfs",
            window: int = DEFAULT_WINDOW, eviction_policy: str = "lru",
@@ -218,7 +177,7 @@ def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
     requests, each run in depth-first order of its prefix trie, so requests
     sharing a prefix run back to back).
     """
-    tr = _as_trace(trace)
+    tr = as_trace(trace)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}; got {schedule!r}")
     page = check_int("page_size", page_size, minimum=1)
@@ -231,8 +190,8 @@ def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
     n = len(tr)
     if n == 0:
         raise ValueError("cannot replay an empty trace")
-    flat = _readonly(tr.flat)
-    offsets = _readonly(tr.offsets)
+    flat = readonly_int64(tr.flat)
+    offsets = readonly_int64(tr.offsets)
     lengths = np.diff(offsets)
     max_len = int(lengths.max())
 
@@ -242,23 +201,24 @@ def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
     dev.meta[M_POLICY] = policy
     host = TreeStorage(np.int64, values=False, track=True, page_size=page,
                        token_capacity=_token_room(lengths, hcap, max_len) if has_host else 0)
-    roots_d, roots_h = _roots(dev, tr.namespace), _roots(host, tr.namespace)
-    positions = _readonly(np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0])
+    roots_d, roots_h = namespace_roots(dev, tr.namespace), namespace_roots(host, tr.namespace)
+    positions = readonly_int64(np.arange(flat.shape[0], dtype=np.int64) if has_host else flat[:0])
     order = np.arange(n, dtype=np.int64)
     if schedule == "dfs":
-        KR.dfs_order(flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window,
-                     order)
+        replay_kernels.dfs_order(
+            flat, offsets, np.ascontiguousarray(tr.namespace, dtype=np.int64), window, order
+        )
     slots = min(window, n)  # a window wider than the trace is the whole trace
     win = np.full(slots, -1, np.int64)
-    params = np.zeros(KR.PARAMS_SIZE, np.int64)
-    params[KR.P_PAGE] = page
-    params[KR.P_CAPACITY] = cap
-    params[KR.P_HOST_CAPACITY] = hcap
-    params[KR.P_HOST] = int(has_host)
-    params[KR.P_POLICY] = SCHEDULES[schedule]
-    params[KR.P_WINDOW] = slots
-    params[KR.P_MAX_LEN] = max_len
-    state = np.zeros(KR.STATE_SIZE, np.int64)
+    params = np.zeros(replay_kernels.PARAMS_SIZE, np.int64)
+    params[replay_kernels.P_PAGE] = page
+    params[replay_kernels.P_CAPACITY] = cap
+    params[replay_kernels.P_HOST_CAPACITY] = hcap
+    params[replay_kernels.P_HOST] = int(has_host)
+    params[replay_kernels.P_POLICY] = SCHEDULES[schedule]
+    params[replay_kernels.P_WINDOW] = slots
+    params[replay_kernels.P_MAX_LEN] = max_len
+    state = np.zeros(replay_kernels.STATE_SIZE, np.int64)
     hits = np.zeros(n, np.int64)
     host_hits = np.zeros(n, np.int64)
     rejected = np.zeros(n, np.bool_)
@@ -266,8 +226,23 @@ def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
     peak_bytes = [0]
 
     def run():
-        status = KR.replay_run(dev.T, host.T, roots_d, roots_h, flat, offsets, positions, order,
-                               win, params, state, hits, host_hits, rejected, evict_out)
+        status = replay_kernels.replay_run(
+            dev.arrays,
+            host.arrays,
+            roots_d,
+            roots_h,
+            flat,
+            offsets,
+            positions,
+            order,
+            win,
+            params,
+            state,
+            hits,
+            host_hits,
+            rejected,
+            evict_out,
+        )
         # index bytes are measured at every stop (the arrays only grow in between)
         peak_bytes[0] = max(peak_bytes[0], _used(dev) + (_used(host) if has_host else 0))
         return status
@@ -287,9 +262,9 @@ def replay(trace: TraceLike, capacity: Optional[int] = None, page_size: int = 1,
         request_hit_rate=float((dev_hits > 0).mean()), prefill_tokens=int(inputs.sum()),
         prefill_tokens_saved=int(np.minimum(all_hits * bs, inputs).sum()),
         rejected=int(rejected.sum()),
-        evicted_ids=int(state[KR.S_INSERTED]) - dev.count("tokens"),
-        host_evicted_ids=int(state[KR.S_HOST_INSERTED]) - host.count("tokens"),
-        peak_ids=int(state[KR.S_PEAK]), final_ids=dev.count("tokens"),
+        evicted_ids=int(state[replay_kernels.S_INSERTED]) - dev.count("tokens"),
+        host_evicted_ids=int(state[replay_kernels.S_HOST_INSERTED]) - host.count("tokens"),
+        peak_ids=int(state[replay_kernels.S_PEAK]), final_ids=dev.count("tokens"),
         peak_index_bytes=peak_bytes[0], final_index_bytes=index_bytes,
         seconds=seconds, hits=hits, host_hits=host_hits, order=order,
         prefill_tokens_hit=int(np.minimum(dev_hits * bs, inputs).sum()), warmup=warmup,
@@ -306,21 +281,6 @@ def _token_room(lengths, cap, max_len):
     (``TreeStorage.reserve``)."""
     total = int(lengths.sum())
     return total if cap < 0 else min(total, 2 * (cap + max_len))
-
-
-def _readonly(a):
-    """A read-only int64 view: the kernel sees one array type whatever the
-    input's flags, so one compiled replay serves every input."""
-    v = np.ascontiguousarray(a, dtype=np.int64).view()
-    v.flags.writeable = False
-    return v
-
-
-def _roots(store, namespace):
-    """Root id per request: one root per distinct namespace."""
-    uniq, inverse = np.unique(np.asarray(namespace, dtype=np.int64), return_inverse=True)
-    ids = np.array([store.root] + [store.new_root(i) for i in range(1, len(uniq))], np.int64)
-    return ids[inverse]
 
 
 def _used(store):
@@ -376,37 +336,9 @@ def sweep(trace: TraceLike, capacities: Iterable[Optional[int]], *, threads: Opt
     of replays done after each one. Returns a ``SweepResult`` in the order
     of ``capacities``.
     """
-    tr = _as_trace(trace)
+    tr = as_trace(trace)
     caps = list(capacities)
     if not caps:
         raise ValueError("capacities is empty")
     return SweepResult(run_replays(lambda cap: replay(tr, capacity=cap, **kwargs), caps,
                                    threads, progress))
-
-
-_Item = TypeVar("_Item")
-_Result = TypeVar("_Result")
-
-
-def run_replays(one: Callable[[_Item], _Result], items: Sequence[_Item], threads: Optional[int],
-                progress: SweepProgress) -> List[_Result]:
-    """``[one(item) for item in items]`` on ``threads`` threads (default:
-    the CPU count, at most one per item; the replay kernels release the
-    GIL), calling ``progress(done)`` after each; results in ``items``'
-    order. The sweeps' shared loop."""
-    if threads is None:
-        threads = min(len(items), os.cpu_count() or 1)
-    threads = check_int("threads", threads, minimum=1, maximum=1024)
-    done = [0]
-
-    def counted(item):
-        r = one(item)
-        done[0] += 1
-        if progress is not None:
-            progress(done[0])
-        return r
-
-    if threads <= 1:
-        return [counted(item) for item in items]
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(counted, items))

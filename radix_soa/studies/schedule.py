@@ -25,7 +25,7 @@ the functions here give the same orders for a queue a caller holds.
 
 import numpy as np
 
-from .._kernels import replay as KR
+from .._kernels import replay as replay_kernels
 from .._input.batch import as_batches, pack
 
 POLICIES = ("fcfs", "lpm", "dfs")
@@ -53,7 +53,7 @@ def dfs_order(queue, window=None, namespaces=None):
     if ns.shape != (n,):
         raise ValueError(f"namespaces must hold one int per request ({n})")
     order = np.empty(n, np.int64)
-    KR.dfs_order(flat, b.offsets, ns, max(1, int(window or n)), order)
+    replay_kernels.dfs_order(flat, b.offsets, ns, max(1, int(window or n)), order)
     return order
 
 
