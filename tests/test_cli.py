@@ -593,3 +593,22 @@ def test_cluster_study_on_the_mooncake_conversation_trace(capsys):
     rr, ca = doc["rows"]
     assert rr["router"] == "round_robin" and ca["router"] == "cache_aware"
     assert ca["prefill_tokens_saved"] > 2 * rr["prefill_tokens_saved"]
+
+
+def test_python_dash_m_runs_the_command():
+    import subprocess
+    import sys as _sys
+
+    done = subprocess.run([_sys.executable, "-m", "radix_soa", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"radix-soa {radix_soa.__version__}"
+    bad = subprocess.run([_sys.executable, "-m", "radix_soa", "study", "--points", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_warmup_compiles_everything_and_says_so(capsys):
+    assert main(["warmup"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kernels ready in ") and "cluster replays exercised" in out

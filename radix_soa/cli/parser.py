@@ -18,6 +18,8 @@ from .args import (PROG, Parser, UsageError, bounded, capacity_list, host_size, 
 from .build import build
 from .cluster import CLUSTER_POINTS, CLUSTER_ROUTERS
 from .study import study
+from .traces import traces as traces_command
+from .warmup import warmup as warmup_command
 
 
 def build_parser():
@@ -27,7 +29,8 @@ def build_parser():
                     "Without a subcommand, runs 'study' (or 'build', given only build's "
                     "own options).")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", title="subcommands", metavar="{study,build}")
+    sub = parser.add_subparsers(dest="command", title="subcommands",
+                                metavar="{study,build,warmup,traces}")
 
     s = sub.add_parser(
         "study", help="how much prefill a prefix cache of each size saves on a workload or "
@@ -115,6 +118,26 @@ def build_parser():
     b.add_argument("--dtype", default="int64", choices=["int64", "int32", "uint16"])
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=build)
+
+    w = sub.add_parser("warmup", help="compile every kernel now (once: Numba caches them)",
+                       description="Compile (or load from Numba's on-disk cache) every kernel "
+                                   "the library and the studies run, so later runs start "
+                                   "fast.")
+    w.set_defaults(func=warmup_command)
+
+    t = sub.add_parser("traces", help="the public traces the loaders read; download one",
+                       description="List the public request traces radix-soa reads (where "
+                                   "each comes from, its format and license), or download "
+                                   "one: traces get NAME --to DIR. Every file is checked "
+                                   "(SHA-256 or git blob id) before it is kept.")
+    t.add_argument("action", nargs="?", choices=["get"], help="get: download a trace")
+    t.add_argument("name", nargs="?", help="the trace to get (as listed)")
+    t.add_argument("--to", metavar="DIR", help="directory to put the files in")
+    t.add_argument("--from", dest="mirror", metavar="URL",
+                   help="a mirror's base URL (or file:// directory) holding the same paths")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="bytes downloaded on stderr (default: only on a terminal)")
+    t.set_defaults(func=traces_command)
     return parser
 
 
