@@ -226,7 +226,7 @@ def test_every_writing_lock_waits_for_gil_free_readers():
     # reads running without the GIL (radix_soa._base): the first statement
     # under ``with self._lock:`` of every such method is that wait.
     reading = {"exists", "match_prefix", "match_length", "_read", "_read_released",
-               "memory_report", "save", "__getstate__", "to_csr", "check_invariants",
+               "memory_report", "save", "_save", "__getstate__", "to_csr", "check_invariants",
                "evictable_tokens", "namespaces", "stats"}
     for name in ("radix_cache", "prefix_cache", "_base"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
