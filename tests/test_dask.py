@@ -1,7 +1,9 @@
 """radix_soa.dask on a real 2-process LocalCluster: every answer against one
 in-process RadixCache holding the same sequences."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -265,30 +267,149 @@ def test_saving_never_replaces_what_it_did_not_write(client, tmp_path):
     assert os.listdir(other) == ["keep.txt"]
 
 
-def test_a_damaged_directory_is_refused(client, tmp_path):
-    import json
-    import shutil
+def write_manifest(path, header):
+    """An edited header.json with its checksum recomputed: an edit the
+    checksum cannot see."""
+    from radix_soa._persist import header_crc
 
-    sc = rsd.build(SEQS[:300], shards=2, client=client, head=2)
-    sc.save(tmp_path / "t")
+    header["header_crc32"] = header_crc(header)
+    (path / "header.json").write_text(json.dumps(header))
+
+
+@pytest.fixture(scope="module")
+def saved(client, tmp_path_factory):
+    """A save of 20,000 sequences on 4 shards (and a second save of them)."""
+    rng = np.random.default_rng(7)
+    seqs = [list(rng.integers(0, 50, int(rng.integers(1, 30)))) for _ in range(20_000)]
+    sc = rsd.build(seqs, shards=4, client=client, head=2)
+    root = tmp_path_factory.mktemp("saved")
+    sc.save(root / "a")
+    sc.save(root / "b")
+    return root, reference(seqs), seqs
+
+
+def test_a_damaged_directory_is_refused(client, saved, tmp_path):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
     header = tmp_path / "t" / "header.json"
     good = header.read_text()
-    header.write_text(good.replace('"shards": 2', '"shards": 3'))
+    header.write_text(good.replace('"shards": 4', '"shards": 3'))
     with pytest.raises(rs.TreeFormatError, match="checksum"):
         rsd.load(tmp_path / "t", client=client)
     h = json.loads(good)
     h["sequences"][0] += 1
-    from radix_soa._persist import header_crc
-    h["header_crc32"] = header_crc(h)
-    header.write_text(json.dumps(h))
+    write_manifest(tmp_path / "t", h)
     with pytest.raises(rs.TreeFormatError, match="shard 0 holds"):
         rsd.load(tmp_path / "t", client=client)
     header.write_text(good)
     shutil.rmtree(tmp_path / "t" / "shard-00001")
-    with pytest.raises(rs.TreeFormatError, match="shard 1 is missing"):
+    with pytest.raises(rs.TreeFormatError, match=r"shard 1 \(shard-00001\) is missing"):
         rsd.load(tmp_path / "t", client=client)
     with pytest.raises(rs.TreeFormatError, match="not a ShardedCache"):
         rsd.load(tmp_path / "t" / "head", client=client)
+
+
+def _swap(t, h, other):
+    os.rename(t / "shard-00000", t / "x")
+    os.rename(t / "shard-00001", t / "shard-00000")
+    os.rename(t / "x", t / "shard-00001")
+    h["sequences"][:2] = h["sequences"][1::-1]
+
+
+def _fewer_shards(t, h, other):
+    h["shards"] -= 1
+    h["sequences"].pop()
+
+
+def _fewer_shards_and_the_last_removed(t, h, other):
+    _fewer_shards(t, h, other)
+    shutil.rmtree(t / "shard-00003")
+
+
+def _copied_over(t, h, other):
+    shutil.rmtree(t / "shard-00001")
+    shutil.copytree(t / "shard-00000", t / "shard-00001")
+    h["sequences"][1] = h["sequences"][0]
+
+
+def _from_another_save(t, h, other):
+    shutil.rmtree(t / "shard-00002")
+    shutil.copytree(other / "shard-00002", t / "shard-00002")
+
+
+def _head_tree_of_another_save(t, h, other):
+    shutil.rmtree(t / "head")
+    shutil.copytree(other / "head", t / "head")
+
+
+def _another_head(t, h, other):
+    h["head"] = 3
+
+
+def _another_save_id(t, h, other):
+    h["save"] = "0" * 32
+
+
+def _an_extra_shard(t, h, other):
+    shutil.copytree(t / "shard-00000", t / "shard-00004")
+
+
+EDITS = [
+    (_swap, r"shard 0 \(shard-00000\) is another part of the save: its header says part=1"),
+    (_fewer_shards, r"holds shard-00003 beyond its 3 shards"),
+    (_fewer_shards_and_the_last_removed, r"the head tree \(head/\) was saved with another "
+                                         r"shard count: its header says shards=4"),
+    (_copied_over, r"shard 1 \(shard-00001\) is another part of the save"),
+    (_from_another_save, r"shard 2 \(shard-00002\) belongs to another save"),
+    (_head_tree_of_another_save, r"the head tree \(head/\) belongs to another save"),
+    (_another_head, r"the head tree \(head/\) was saved with another head"),
+    (_another_save_id, r"the head tree \(head/\) belongs to another save"),
+    (_an_extra_shard, r"holds shard-00004 beyond its 4 shards"),
+]
+
+
+@pytest.mark.parametrize("edit, message", EDITS, ids=[e.__name__[1:] for e, _ in EDITS])
+def test_a_manifest_edited_behind_its_checksum_is_refused(client, saved, tmp_path, edit,
+                                                          message):
+    # each of these used to load and then answer wrongly (stored sequences
+    # missed, a wrong len): every count the header states is checked against
+    # the parts, which carry their identity under their own checksum
+    root, ref, seqs = saved
+    t = tmp_path / "t"
+    shutil.copytree(root / "a", t)
+    h = json.loads((t / "header.json").read_text())
+    edit(t, h, root / "b")  # b: another save of the same sequences
+    write_manifest(t, h)
+    with pytest.raises(rs.TreeFormatError, match=message):
+        rsd.load(t, client=client)
+
+
+def test_the_saved_directory_loads_whole_and_its_parts_as_plain_trees(client, saved):
+    root, ref, seqs = saved
+    back = rsd.load(root / "a", client=client, mmap=True)
+    assert len(back) == len(ref)
+    assert back.exists_batch(seqs).all()
+    parts = [rs.RadixCache.load(root / "a" / f"shard-{j:05d}") for j in range(4)]
+    assert sum(map(len, parts)) == sum(back.shard_lengths)  # a shard is a plain tree too
+
+
+@pytest.mark.parametrize("remove", ["head", "head/header.json", "head/tokens.npy",
+                                    "shard-00002/header.json", "shard-00002/meta.npy"])
+def test_a_missing_part_is_a_tree_format_error(client, saved, tmp_path, remove):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
+    target = tmp_path / "t" / remove
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    part = remove.split("/")[0]
+    with pytest.raises(rs.TreeFormatError, match=part):
+        rsd.load(tmp_path / "t", client=client)
+
+
+def test_a_save_without_part_identities_is_refused(client, saved, tmp_path):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
+    h = json.loads((tmp_path / "t" / "header.json").read_text())
+    del h["save"]  # what saves before part identities wrote
+    write_manifest(tmp_path / "t", h)
+    with pytest.raises(rs.TreeFormatError, match="no save id"):
+        rsd.load(tmp_path / "t", client=client)
 
 
 def _rows(sweep):

@@ -408,7 +408,9 @@ class ShardedCache:
         """Write every shard (each by its worker), the head tree and a header
         into directory ``path``, as a whole: see ``radix_soa.dask._store``;
         ``radix_soa.dask.load`` reads it back. ``path`` must be on a
-        filesystem the client and every worker share."""
+        filesystem the client and every worker share. Each part carries this
+        save's id and its place in it, under its own checksum, so ``load``
+        refuses a part that is not the one the header names."""
         _store.save(self, path)
 
     # ------------------------------------------------------------ reports
@@ -497,17 +499,25 @@ def load(path: Union[str, "os.PathLike[str]"], mmap: bool = False,
     """A ``ShardedCache`` written by ``ShardedCache.save``, each shard loaded
     by the worker that will hold it (``mmap=True``: mapped read-only there,
     as ``RadixCache.load(mmap=True)``; ``insert_batch`` still works, on
-    copies). The head tree is loaded by the client. A truncated, corrupted
-    or foreign directory raises ``TreeFormatError``; a lost worker reloads
-    its shard from the directory (so keep it while the cache is used).
+    copies). The head tree is loaded by the client.
+
+    Everything is checked before it is trusted: a truncated, corrupted,
+    foreign or edited directory (a header whose counts disagree with its
+    parts, even with its checksum recomputed; a swapped, copied, missing or
+    extra shard; a missing head tree) raises ``TreeFormatError`` naming the
+    part (see ``radix_soa.dask._store``). A lost worker reloads its shards
+    from the directory, checked the same way: keep the directory, as it is,
+    while the cache is used (saving over it makes a lost shard an error).
+
+    >>> sc = load("tree_dir/", mmap=True)  # doctest: +SKIP
     """
     client = _client(client)
     path = os.path.abspath(os.fspath(path))
     header, head = _store.checked_header(path, mmap)
-    k, n = header["head"], header["shards"]
+    k, n, save_id = header["head"], header["shards"], header["save"]
     pin = _workers(client, n)
-    futures = [client.submit(_store.load_shard, _store.shard_dir(path, j), mmap, pure=False,
-                             **_near(pin[j])) for j in range(n)]
+    futures = [client.submit(_store.load_shard, path, j, mmap, _store.identity(save_id, k, n, j),
+                             pure=False, **_near(pin[j])) for j in range(n)]
     counts = client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
                             for j, f in enumerate(futures)])
     _store.check_counts(path, header, counts)
