@@ -113,12 +113,11 @@ def save(sc, path):
     """``ShardedCache.save``: see the module docstring."""
     save_id = secrets.token_hex(16)
     k, n = sc.head, sc.shards
-    where = sc._where()
 
     def fill(tmp):
         saved = sc._gather([sc._submit(_save_shard, j, shard_dir(tmp, j),
-                                       identity(save_id, k, n, j), where=where)
-                            for j in range(n)])
+                                       identity(save_id, k, n, j)) for j in range(n)],
+                           range(n), "save")
         for j, got in enumerate(saved):
             if got != sc._lengths[j]:
                 raise RuntimeError(f"shard {j} saved {got} sequences; it holds "
