@@ -1,10 +1,15 @@
 """radix_soa.dask on a real 2-process LocalCluster: every answer against one
-in-process RadixCache holding the same sequences."""
+in-process RadixCache holding the same sequences; workers killed mid-call;
+saved directories edited behind the checksums."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,12 +27,17 @@ pytestmark = pytest.mark.xdist_group("dask")
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
-    c = distributed.Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
+    import dask
+
+    # a LocalCluster closes a worker's nanny for good when no worker of that
+    # name is back 15 s after it died: the tests below kill workers often
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None)
+        c = distributed.Client(cluster)
+        yield c
+        c.close()
+        cluster.close()
 
 
 def corpus(seed=0, n=3000):
@@ -156,50 +166,304 @@ def test_memory_report_sums_the_shards(client):
     assert rep["skew"] >= 1.0
 
 
-def test_a_worker_killed_during_a_lookup_gives_exact_answers(client, monkeypatch):
+# ---------------------------------------------------------------- workers killed
+
+CALL_LIMIT = 60  # seconds: a call past it hangs (recovering takes a few)
+TIMEOUT = 40     # the caches' own timeout: their TimeoutError says what waits
+
+
+class in_background:
+    """``call()`` run in a thread; ``result()`` waits for it at most
+    ``seconds`` and fails the test (instead of hanging) past them."""
+
+    def __init__(self, call):
+        self._box = {}
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call):
+        try:
+            self._box["value"] = call()
+        except BaseException as exc:  # handed to the test's thread
+            self._box["error"] = exc
+
+    def result(self, seconds=CALL_LIMIT):
+        self._thread.join(seconds)
+        if self._thread.is_alive():
+            pytest.fail(f"the call is still waiting after {seconds} s: it hangs")
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
+
+
+def bounded(call, seconds=CALL_LIMIT):
+    """``call()``'s result (or exception), within ``seconds``."""
+    return in_background(call).result(seconds)
+
+
+def kill(client, workers=None):
+    """SIGKILL the worker processes (all when ``workers`` is None; the nanny
+    restarts each at a new address); their addresses."""
+    pids = client.run(os.getpid, workers=workers)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    return set(pids)
+
+
+def settled(client, gone=()):
+    """Wait until the cluster has its 2 workers again, none of ``gone``."""
+    end = time.monotonic() + CALL_LIMIT
+    while True:
+        workers = set(client.scheduler_info()["workers"])
+        if len(workers) == 2 and not workers & set(gone):
+            return
+        assert time.monotonic() < end, f"the cluster did not recover: {workers}"
+        time.sleep(0.1)
+
+
+def _worker_hooks():
+    """Functions for ``client.run`` (nested, so they travel by value)."""
+
+    def slow_down(module, name, started, release):
+        """On this worker, ``module.name`` first writes its pid to the file
+        ``started``, then waits (at most 45 s) for the file ``release``."""
+        import importlib
+
+        mod = importlib.import_module(module)
+        real = getattr(mod, name)
+
+        def slow(*args, **kwargs):
+            with open(f"{started}.{os.getpid()}", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(f"{started}.{os.getpid()}", started)
+            end = time.monotonic() + 45
+            while not os.path.exists(release) and time.monotonic() < end:
+                time.sleep(0.02)
+            return real(*args, **kwargs)
+
+        slow.__wrapped__ = real
+        setattr(mod, name, slow)
+
+    def restore(module, name):
+        import importlib
+
+        mod = importlib.import_module(module)
+        setattr(mod, name, getattr(getattr(mod, name), "__wrapped__", getattr(mod, name)))
+
+    return slow_down, restore
+
+
+SLOW_DOWN, RESTORE = _worker_hooks()
+
+
+class Slowed:
+    """``module.name`` made to wait on ``workers`` (all when None) until
+    released: ``with Slowed(client, tmp_path, module, name, workers) as s:``,
+    then ``s.wait_started()`` and ``s.kill()`` (the worker it started on;
+    the others then go on)."""
+
+    def __init__(self, client, tmp_path, module, name, workers=None):
+        self.client, self.module, self.name, self.workers = client, module, name, workers
+        self.started, self.release = tmp_path / f"{name}.started", tmp_path / f"{name}.release"
+        self.gone = set()
+
+    def __enter__(self):
+        self.pids = self.client.run(os.getpid, workers=self.workers)
+        self.client.run(SLOW_DOWN, self.module, self.name, str(self.started),
+                        str(self.release), workers=self.workers)
+        return self
+
+    def wait_started(self):
+        end = time.monotonic() + CALL_LIMIT
+        while not self.started.exists():
+            assert time.monotonic() < end, f"{self.name} never started on the slowed worker"
+            time.sleep(0.02)
+
+    def kill(self):
+        pid = int(self.started.read_text())
+        os.kill(pid, signal.SIGKILL)
+        self.gone = {w for w, p in self.pids.items() if p == pid}
+        self.release.touch()
+        return self.gone
+
+    def __exit__(self, *exc):
+        self.release.touch()
+        alive = [w for w in self.pids if w not in self.gone]  # a killed one comes back unpatched
+        if alive:
+            self.client.run(RESTORE, self.module, self.name, workers=alive)
+
+
+def test_shards_keep_no_worker_restriction_once_placed(client):
+    settled(client)
     sc = rsd.build(SEQS, shards=4, client=client, head=3)
-    victim = sc._where()[0][0]
-    pid = client.run(os.getpid, workers=[victim])[victim]
-    real = rsd.ShardedCache._gather
-    killed = []
-
-    def gather_after_a_kill(self, futures):
-        if not killed:  # the tasks are submitted; the worker holding shard 0 dies
-            os.kill(pid, signal.SIGKILL)
-            killed.append(victim)
-        return real(self, futures)
-
-    monkeypatch.setattr(rsd.ShardedCache, "_gather", gather_after_a_kill)
-    np.testing.assert_array_equal(sc.match_prefix_batch(QUERIES), WANT_MATCH)
-    assert killed
-    monkeypatch.setattr(rsd.ShardedCache, "_gather", real)
-    client.wait_for_workers(2, timeout=60)  # the nanny restarts it, at a new address
-    assert victim not in client.scheduler_info()["workers"]
-    check(sc)
+    back = sc.insert_batch([[4, 4, 4, 4]])
+    restrictions = client.run_on_scheduler(
+        lambda dask_scheduler, keys: [dask_scheduler.tasks[k].worker_restrictions for k in keys],
+        keys=[f.key for f in sc._shards])
+    assert restrictions == [None] * 4 and back.tolist() == [True]
 
 
-def test_a_worker_killed_during_an_insert_leaves_it_exact(client, monkeypatch):
-    client.wait_for_workers(2, timeout=60)
-    sc = rsd.build(SEQS[:1500], shards=4, client=client, head=3)
+@pytest.mark.parametrize("call", ["exists_batch", "match_prefix_batch", "insert_batch", "save",
+                                  "memory_report"])
+def test_every_worker_killed_right_before_a_call_is_recomputed(client, tmp_path, call):
+    # every shard is lost while no worker runs: before shards were unpinned,
+    # their recomputation waited forever for the dead workers' addresses
+    settled(client)
+    sc = rsd.build(SEQS, shards=4, client=client, head=3, timeout=TIMEOUT)
+    ref = reference(SEQS)
+    gone = kill(client)
+    if call == "exists_batch":
+        np.testing.assert_array_equal(bounded(lambda: sc.exists_batch(QUERIES)), WANT_EXISTS)
+    elif call == "match_prefix_batch":
+        np.testing.assert_array_equal(bounded(lambda: sc.match_prefix_batch(QUERIES)),
+                                      WANT_MATCH)
+    elif call == "insert_batch":
+        more = [[5, 5, 5, 5], [1], [7, 7, 7, 7, 7, 0, 0, 0]]
+        np.testing.assert_array_equal(bounded(lambda: sc.insert_batch(more)),
+                                      ref.insert_batch(more))
+    elif call == "save":
+        bounded(lambda: sc.save(tmp_path / "t"))
+    else:
+        rep = bounded(sc.memory_report)
+        assert sum(rep["sequences"]) + rep["short_sequences"] == len(REF)
+    settled(client, gone)
+    check(sc, ref)
+    if call == "save":
+        check(bounded(lambda: rsd.load(tmp_path / "t", client=client)), ref)
+
+
+@pytest.mark.parametrize("call", ["exists_batch", "insert_batch", "save", "build", "load"])
+def test_a_worker_killed_while_its_task_runs_is_recomputed(client, tmp_path, call):
+    settled(client)
+    ref = reference(SEQS)
+    module, name = {"exists_batch": ("radix_soa.dask._sharded", "_lookup"),
+                    "insert_batch": ("radix_soa.dask._sharded", "_insert_copy"),
+                    "save": ("radix_soa.dask._store", "_save_shard"),
+                    "build": ("radix_soa.dask._sharded", "_build_shard"),
+                    "load": ("radix_soa.dask._store", "load_shard")}[call]
+    if call == "load":
+        rsd.build(SEQS, shards=4, client=client, head=3).save(tmp_path / "t")
+    else:
+        sc = rsd.build(SEQS, shards=4, client=client, head=3)
+    more = SEQS[:100] + [[5, 5, 5, 5, 5]]
+    with Slowed(client, tmp_path, module, name) as slowed:
+        pending = in_background({
+            "exists_batch": lambda: sc.exists_batch(QUERIES),
+            "insert_batch": lambda: sc.insert_batch(more),
+            "save": lambda: sc.save(tmp_path / "t"),
+            "build": lambda: rsd.build(SEQS, shards=4, client=client, head=3),
+            "load": lambda: rsd.load(tmp_path / "t", client=client)}[call])
+        slowed.wait_started()  # a task of the call is running: kill its worker
+        gone = slowed.kill()
+        got = pending.result()
+    if call == "exists_batch":
+        np.testing.assert_array_equal(got, WANT_EXISTS)
+    elif call == "insert_batch":
+        np.testing.assert_array_equal(got, ref.insert_batch(more))
+    elif call == "save":
+        sc = bounded(lambda: rsd.load(tmp_path / "t", client=client))
+    else:
+        sc = got
+    settled(client, gone)
+    check(sc, ref)
+
+
+def test_a_worker_killed_between_submit_and_gather_gives_exact_answers(client, monkeypatch):
+    settled(client)
+    sc = rsd.build(SEQS[:1500], shards=4, client=client, head=3, timeout=TIMEOUT)
     ref = reference(SEQS[:1500])
-    victim = sc._where()[1][0]
-    pid = client.run(os.getpid, workers=[victim])[victim]
     real = rsd.ShardedCache._gather
     killed = []
 
-    def gather_after_a_kill(self, futures):
-        if not killed:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(victim)
-        return real(self, futures)
+    def gather_after_a_kill(self, *args):
+        if not killed:  # the tasks are submitted; the worker holding shard 1 dies
+            killed.extend(kill(client, [sc._where()[1][0]]))
+        return real(self, *args)
 
     monkeypatch.setattr(rsd.ShardedCache, "_gather", gather_after_a_kill)
     more = SEQS[1000:]
-    np.testing.assert_array_equal(sc.insert_batch(more), ref.insert_batch(more))
+    np.testing.assert_array_equal(bounded(lambda: sc.insert_batch(more)),
+                                  ref.insert_batch(more))
+    assert killed
+    settled(client, killed)
+    gone = list(killed)
+    killed.clear()
+    np.testing.assert_array_equal(bounded(lambda: sc.match_prefix_batch(QUERIES)),
+                                  ref.match_prefix_batch(QUERIES))
     assert killed
     monkeypatch.setattr(rsd.ShardedCache, "_gather", real)
+    settled(client, gone + killed)  # restarted at new addresses
     check(sc, ref)
-    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_task_that_kills_every_worker_it_runs_on_raises_killed_worker(client):
+    settled(client)
+    sc = rsd.build(SEQS, shards=1, client=client, head=3, timeout=TIMEOUT)  # one lookup task
+
+    class Poison(distributed.WorkerPlugin):  # nested: travels by value
+        """Every worker, restarted ones too, dies when it answers a lookup."""
+
+        name = "poison-lookup"
+
+        def setup(self, worker):
+            import radix_soa.dask._sharded as m
+
+            def die(*args):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            die.__wrapped__ = m._lookup
+            m._lookup = die
+
+        def teardown(self, worker):
+            import radix_soa.dask._sharded as m
+
+            m._lookup = getattr(m._lookup, "__wrapped__", m._lookup)
+
+    client.register_plugin(Poison())
+    try:
+        with pytest.raises(distributed.KilledWorker) as e:
+            bounded(lambda: sc.exists_batch(QUERIES))
+        assert "raised by shard" in " ".join(getattr(e.value, "__notes__", []))
+    finally:
+        client.unregister_worker_plugin(Poison.name)
+    settled(client)
+    client.run(RESTORE, "radix_soa.dask._sharded", "_lookup")  # one restarted meanwhile
+    check(sc)  # the shards lost on the way are recomputed
+
+
+def test_a_lost_shard_that_cannot_be_reloaded_is_an_error_naming_it(client, tmp_path):
+    settled(client)
+    rsd.build(SEQS, shards=3, client=client, head=3).save(tmp_path / "t")
+    sc = rsd.load(tmp_path / "t", client=client)
+    check(sc)
+    shutil.rmtree(tmp_path / "t")  # the directory its shards would be reloaded from
+    gone = kill(client)
+    with pytest.raises(rs.TreeFormatError, match=r"shard \d \(shard-0000\d\) is missing"):
+        bounded(lambda: sc.exists_batch(QUERIES))
+    settled(client, gone)
+
+
+def test_a_call_past_its_timeout_names_the_shards_and_changes_nothing(client, tmp_path):
+    settled(client)
+    sc = rsd.build(SEQS, shards=3, client=client, head=3, timeout=30)
+    assert sc.timeout == 30.0
+    sc.timeout = 1.5
+    before = len(sc)
+    with Slowed(client, tmp_path, "radix_soa.dask._sharded", "_insert_copy"):
+        t = time.monotonic()
+        with pytest.raises(TimeoutError,
+                           match=r"insert_batch: shard \d \(task (processing|waiting)\)"):
+            bounded(lambda: sc.insert_batch([[5, 5, 5, 5, 5], [6, 6, 6]]))
+        assert time.monotonic() - t < 15
+    assert len(sc) == before
+    sc.timeout = 30
+    check(sc)
+    with pytest.raises(ValueError, match="timeout"):
+        sc.timeout = 0
+    with pytest.raises(TypeError, match="timeout"):
+        rsd.build(SEQS[:10], client=client, timeout="soon")
+    with pytest.raises(ValueError, match="timeout"):
+        rsd.load(tmp_path, client=client, timeout=float("inf"))
 
 
 def test_bad_arguments_raise_and_name_them(client):
@@ -265,30 +529,149 @@ def test_saving_never_replaces_what_it_did_not_write(client, tmp_path):
     assert os.listdir(other) == ["keep.txt"]
 
 
-def test_a_damaged_directory_is_refused(client, tmp_path):
-    import json
-    import shutil
+def write_manifest(path, header):
+    """An edited header.json with its checksum recomputed: an edit the
+    checksum cannot see."""
+    from radix_soa._tree.persist import header_crc
 
-    sc = rsd.build(SEQS[:300], shards=2, client=client, head=2)
-    sc.save(tmp_path / "t")
+    header["header_crc32"] = header_crc(header)
+    (path / "header.json").write_text(json.dumps(header))
+
+
+@pytest.fixture(scope="module")
+def saved(client, tmp_path_factory):
+    """A save of 20,000 sequences on 4 shards (and a second save of them)."""
+    rng = np.random.default_rng(7)
+    seqs = [list(rng.integers(0, 50, int(rng.integers(1, 30)))) for _ in range(20_000)]
+    sc = rsd.build(seqs, shards=4, client=client, head=2)
+    root = tmp_path_factory.mktemp("saved")
+    sc.save(root / "a")
+    sc.save(root / "b")
+    return root, reference(seqs), seqs
+
+
+def test_a_damaged_directory_is_refused(client, saved, tmp_path):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
     header = tmp_path / "t" / "header.json"
     good = header.read_text()
-    header.write_text(good.replace('"shards": 2', '"shards": 3'))
+    header.write_text(good.replace('"shards": 4', '"shards": 3'))
     with pytest.raises(rs.TreeFormatError, match="checksum"):
         rsd.load(tmp_path / "t", client=client)
     h = json.loads(good)
     h["sequences"][0] += 1
-    from radix_soa._tree.persist import header_crc
-    h["header_crc32"] = header_crc(h)
-    header.write_text(json.dumps(h))
+    write_manifest(tmp_path / "t", h)
     with pytest.raises(rs.TreeFormatError, match="shard 0 holds"):
         rsd.load(tmp_path / "t", client=client)
     header.write_text(good)
     shutil.rmtree(tmp_path / "t" / "shard-00001")
-    with pytest.raises(rs.TreeFormatError, match="shard 1 is missing"):
+    with pytest.raises(rs.TreeFormatError, match=r"shard 1 \(shard-00001\) is missing"):
         rsd.load(tmp_path / "t", client=client)
     with pytest.raises(rs.TreeFormatError, match="not a ShardedCache"):
         rsd.load(tmp_path / "t" / "head", client=client)
+
+
+def _swap(t, h, other):
+    os.rename(t / "shard-00000", t / "x")
+    os.rename(t / "shard-00001", t / "shard-00000")
+    os.rename(t / "x", t / "shard-00001")
+    h["sequences"][:2] = h["sequences"][1::-1]
+
+
+def _fewer_shards(t, h, other):
+    h["shards"] -= 1
+    h["sequences"].pop()
+
+
+def _fewer_shards_and_the_last_removed(t, h, other):
+    _fewer_shards(t, h, other)
+    shutil.rmtree(t / "shard-00003")
+
+
+def _copied_over(t, h, other):
+    shutil.rmtree(t / "shard-00001")
+    shutil.copytree(t / "shard-00000", t / "shard-00001")
+    h["sequences"][1] = h["sequences"][0]
+
+
+def _from_another_save(t, h, other):
+    shutil.rmtree(t / "shard-00002")
+    shutil.copytree(other / "shard-00002", t / "shard-00002")
+
+
+def _head_tree_of_another_save(t, h, other):
+    shutil.rmtree(t / "head")
+    shutil.copytree(other / "head", t / "head")
+
+
+def _another_head(t, h, other):
+    h["head"] = 3
+
+
+def _another_save_id(t, h, other):
+    h["save"] = "0" * 32
+
+
+def _an_extra_shard(t, h, other):
+    shutil.copytree(t / "shard-00000", t / "shard-00004")
+
+
+EDITS = [
+    (_swap, r"shard 0 \(shard-00000\) is another part of the save: its header says part=1"),
+    (_fewer_shards, r"holds shard-00003 beyond its 3 shards"),
+    (_fewer_shards_and_the_last_removed, r"the head tree \(head/\) was saved with another "
+                                         r"shard count: its header says shards=4"),
+    (_copied_over, r"shard 1 \(shard-00001\) is another part of the save"),
+    (_from_another_save, r"shard 2 \(shard-00002\) belongs to another save"),
+    (_head_tree_of_another_save, r"the head tree \(head/\) belongs to another save"),
+    (_another_head, r"the head tree \(head/\) was saved with another head"),
+    (_another_save_id, r"the head tree \(head/\) belongs to another save"),
+    (_an_extra_shard, r"holds shard-00004 beyond its 4 shards"),
+]
+
+
+@pytest.mark.parametrize("edit, message", EDITS, ids=[e.__name__[1:] for e, _ in EDITS])
+def test_a_manifest_edited_behind_its_checksum_is_refused(client, saved, tmp_path, edit,
+                                                          message):
+    # each of these used to load and then answer wrongly (stored sequences
+    # missed, a wrong len): every count the header states is checked against
+    # the parts, which carry their identity under their own checksum
+    root, ref, seqs = saved
+    t = tmp_path / "t"
+    shutil.copytree(root / "a", t)
+    h = json.loads((t / "header.json").read_text())
+    edit(t, h, root / "b")  # b: another save of the same sequences
+    write_manifest(t, h)
+    with pytest.raises(rs.TreeFormatError, match=message):
+        rsd.load(t, client=client, timeout=TIMEOUT)
+
+
+def test_the_saved_directory_loads_whole_and_its_parts_as_plain_trees(client, saved):
+    root, ref, seqs = saved
+    back = rsd.load(root / "a", client=client, mmap=True)
+    assert len(back) == len(ref)
+    assert back.exists_batch(seqs).all()
+    parts = [rs.RadixCache.load(root / "a" / f"shard-{j:05d}") for j in range(4)]
+    assert sum(map(len, parts)) == sum(back.shard_lengths)  # a shard is a plain tree too
+
+
+@pytest.mark.parametrize("remove", ["head", "head/header.json", "head/tokens.npy",
+                                    "shard-00002/header.json", "shard-00002/meta.npy"])
+def test_a_missing_part_is_a_tree_format_error(client, saved, tmp_path, remove):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
+    target = tmp_path / "t" / remove
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    part = remove.split("/")[0]
+    with pytest.raises(rs.TreeFormatError, match=part):
+        rsd.load(tmp_path / "t", client=client, timeout=TIMEOUT)
+
+
+def test_a_save_without_part_identities_is_refused(client, saved, tmp_path):
+    shutil.copytree(saved[0] / "a", tmp_path / "t")
+    h = json.loads((tmp_path / "t" / "header.json").read_text())
+    del h["save"]  # what saves before part identities wrote
+    write_manifest(tmp_path / "t", h)
+    with pytest.raises(rs.TreeFormatError, match="no save id"):
+        rsd.load(tmp_path / "t", client=client)
 
 
 def _rows(sweep):
@@ -310,6 +693,20 @@ def test_sweeps_equal_rs_sweep(client):
     for (name, schedule), res in many.items():
         tr = trace if name == "a" else other
         assert _rows(res) == _rows(rs.sweep(tr, caps, threads=1, schedule=schedule))
+
+
+def test_a_worker_killed_during_a_sweep_is_recomputed(client, tmp_path):
+    settled(client)
+    trace = rs.workloads.generate("multi_turn", n=40)
+    caps = [None, 2000, 500, 100]
+    want = rs.sweep(trace, caps, threads=1)
+    with Slowed(client, tmp_path, "radix_soa.studies.replay", "replay") as slowed:
+        pending = in_background(lambda: rsd.sweep(trace, caps, client=client, timeout=TIMEOUT))
+        slowed.wait_started()
+        gone = slowed.kill()
+        got = pending.result()
+    assert _rows(got) == _rows(want)
+    settled(client, gone)
 
 
 def test_sweep_arguments_are_checked_before_any_task(client):

@@ -246,7 +246,7 @@ def test_every_writing_lock_waits_for_gil_free_readers():
     # block with ``with self._writing:``, or (the hot per-call paths only)
     # with ``with self._lock:`` whose first statement is that wait.
     reading = {"exists", "match_prefix", "match_length", "_read", "_read_released",
-               "memory_report", "save", "__getstate__", "to_csr", "check_invariants",
+               "memory_report", "save", "_save", "__getstate__", "to_csr", "check_invariants",
                "evictable_tokens", "namespaces", "stats", "peek", "open_requests",
                "_check_requests", "cached_values", "to_text", "overlap", "overlap_scores",
                "overlap_batch", "blocks_of", "workers", "__contains__", "_drain_readers",

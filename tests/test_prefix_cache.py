@@ -6,7 +6,6 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import radix_soa as rs
 from radix_soa import CacheFullError, PrefixCache
 from radix_soa._kernels.layout import POLICIES
 from radix_soa.baselines.reference_prefix import ReferencePrefixCache

@@ -136,6 +136,29 @@ def test_the_header_has_a_checksum(tmp_path):
         PrefixCache.load(tmp_path / "t")
 
 
+def test_an_identity_is_kept_under_the_checksum_and_plain_loads_ignore_it(tmp_path):
+    rc = small_tree()
+    rc._save(tmp_path / "t", {"part": 3, "save": "ab"})
+    back, ident = RadixCache._load(tmp_path / "t")
+    def contents(tree):
+        return sorted(tuple(s.tolist()) for s in tree)
+
+    assert ident == {"part": 3, "save": "ab"} and contents(back) == contents(rc)
+    assert contents(RadixCache.load(tmp_path / "t", mmap=True)) == contents(rc)  # a plain tree
+    rc.save(tmp_path / "plain")
+    assert RadixCache._load(tmp_path / "plain")[1] is None
+    assert "identity" not in read_header(tmp_path / "plain")  # saves without one unchanged
+    path = tmp_path / "t" / "header.json"
+    path.write_text(path.read_text().replace('"part": 3', '"part": 4'))
+    with pytest.raises(TreeFormatError, match="checksum"):
+        RadixCache._load(tmp_path / "t")
+    header = read_header(tmp_path / "t")
+    header["identity"] = [3]
+    write_header(tmp_path / "t", header)
+    with pytest.raises(TreeFormatError, match="identity"):
+        RadixCache.load(tmp_path / "t")
+
+
 @pytest.mark.parametrize("edit", [
     lambda h: h.update(track=False),
     lambda h: h.update(values="yes"),

@@ -18,7 +18,7 @@ at some instant during the call.
 
 import os
 import threading
-from typing import Any, Dict, Type, TypeVar, Union
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar, Union
 
 from . import persist
 from .results import ReadOnlyTreeError, TreeFormatError
@@ -154,8 +154,16 @@ class TreeCache(ReadersWriter):
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the tree to directory ``path`` (``.npy`` files + a JSON
         header), atomically: the directory appears complete or not at all."""
+        self._save(path)
+
+    def _save(self, path: Union[str, os.PathLike],
+              identity: Optional[Dict[str, Any]] = None) -> None:
+        """``save``, with ``identity`` (a JSON object) written into the
+        header under its checksum: what a saved part of a larger whole (a
+        shard of a ``radix_soa.dask`` save) says it is. ``_load`` returns it;
+        ``load`` ignores it."""
         with self._lock:  # writers wait: the saved arrays are one instant's
-            persist.save(self, path)
+            persist.save(self, path, identity)
 
     @classmethod
     def load(cls: Type[C], path: Union[str, os.PathLike], mmap: bool = False) -> C:
@@ -168,6 +176,13 @@ class TreeCache(ReadersWriter):
         checksums of the two bulk buffers are skipped on a memory-mapped load;
         index ranges are always checked, so corruption cannot crash a kernel).
         """
+        return cls._load(path, mmap)[0]
+
+    @classmethod
+    def _load(cls: Type[C], path: Union[str, os.PathLike],
+              mmap: bool = False) -> Tuple[C, Optional[Dict[str, Any]]]:
+        """``(tree, identity)``: ``load``, and the identity ``_save`` wrote
+        into the checked header (None if there is none)."""
         path = os.fspath(path)
         try:
             header = persist.read_header(path, cls)
@@ -185,7 +200,7 @@ class TreeCache(ReadersWriter):
         except Exception as exc:  # whatever else a damaged file provokes
             raise TreeFormatError(f"{path}: not a readable tree ({type(exc).__name__}: {exc})") \
                 from None
-        return obj
+        return obj, header.get("identity")
 
     def __getstate__(self):
         with self._lock:

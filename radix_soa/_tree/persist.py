@@ -5,7 +5,9 @@ Layout of a saved tree::
 
     tree/
       header.json     format, version, class, dtype, flags, class state,
-                      and for each array its dtype, length and CRC-32
+                      for each array its dtype, length and CRC-32, and
+                      optionally an identity (what a saved part of a larger
+                      whole says it is: a ``radix_soa.dask`` shard)
       tokens.npy      used part of the token buffer
       start.npy ...   used part of every other array
 
@@ -148,8 +150,12 @@ def _recover(path, parent, base):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def save(obj, path):
+def save(obj, path, identity=None):
+    """Write ``obj`` to directory ``path``; ``identity`` (a JSON object, or
+    None) goes into the header, under its checksum (see ``TreeCache._save``)."""
     header, arrays = state_of(obj)
+    if identity is not None:
+        header["identity"] = identity
     header["header_crc32"] = header_crc(header)
 
     def fill(tmp):
@@ -234,6 +240,8 @@ def read_checked_header(path):
         _fail(path, f"format version {header.get('version')!r} is not supported (this is {VERSION})")
     if header["version"] >= 2 and header.get("header_crc32") != header_crc(header):
         _fail(path, f"{HEADER} is corrupted (checksum mismatch)")
+    if "identity" in header and (header["version"] < 2 or not isinstance(header["identity"], dict)):
+        _fail(path, f"{HEADER}: identity {header['identity']!r} is not a checksummed object")
     return header
 
 

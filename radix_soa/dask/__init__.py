@@ -22,11 +22,17 @@ kept on the client), and shards are skewed when many sequences share their
 first k tokens (a common system prompt longer than k puts all of them on one
 shard).
 
+Workers may die: a lost shard is recomputed from its lineage on any worker
+and the call goes on; a task whose workers keep dying raises
+``distributed.KilledWorker``, and no call waits longer than its ``timeout``
+(``TimeoutError`` naming the shards). A save's parts carry their identity
+under their own checksums, and a load checks them all (``_store``).
+
 Use (with a ``distributed.Client`` running; tests/test_dask.py and the
 README run it on a LocalCluster)::
 
     import radix_soa.dask as rsd
-    sc = rsd.build(dask_bag_or_column_or_lists, shards=8, head=16)
+    sc = rsd.build(dask_bag_or_column_or_lists, shards=8, head=16, timeout=600)
     sc.exists_batch(queries), sc.match_prefix_batch(queries), len(sc)
     sc.save("tree_dir/"); sc = rsd.load("tree_dir/", mmap=True)
     rsd.sweep(trace, capacities)         # one replay per task: rs.sweep's table

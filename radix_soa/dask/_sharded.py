@@ -3,7 +3,8 @@ tasks, ``ShardedCache`` and ``build`` (see ``radix_soa.dask``)."""
 
 import os
 import pickle
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union, overload
+import time
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union, overload
 
 import dask
 import distributed
@@ -13,7 +14,7 @@ from .._input.types import BatchLike
 from .._input.validate import check_int, check_length
 from .._input.batch import Batch, pack
 from ..radix_cache import RadixCache
-from . import _store
+from . import _cluster, _store
 
 if TYPE_CHECKING:
     import dask.array
@@ -194,20 +195,33 @@ def _client(client):
 
 
 def _workers(client, shards):
-    """The worker each shard is placed on: round-robin over the cluster."""
+    """The worker each shard is placed on: round-robin over the cluster
+    (None each while it has no worker: the scheduler places them when
+    workers come)."""
     workers = sorted(client.scheduler_info()["workers"])
-    if not workers:
-        raise ValueError("the dask cluster has no workers")
-    return [[workers[j % len(workers)]] for j in range(shards)]
+    return [[workers[j % len(workers)]] if workers else None for j in range(shards)]
 
 
 def _near(workers):
-    """Keyword arguments preferring ``workers`` (the ones holding a shard)
-    without requiring them: if they die, the task runs elsewhere. None or
-    empty (a shard being recomputed): no preference."""
+    """Keyword arguments placing a shard's first task on ``workers``
+    without requiring them (if they die, it runs elsewhere); ``place``
+    drops the restriction once the scheduler has placed it (see
+    ``_cluster``)."""
     if not workers:
         return {}
     return {"workers": list(workers), "allow_other_workers": True}
+
+
+def _placed(client, futures, timeout, what):
+    """The length of each shard of ``futures`` once placed and unpinned
+    (see ``_cluster``), all within ``timeout`` seconds: from now on a lost
+    shard is recomputed on any worker."""
+    deadline = time.monotonic() + timeout
+    _cluster.place(client, futures, deadline)
+    lengths = _cluster.gather(client, [client.submit(len, f, pure=False) for f in futures],
+                              [f"shard {j}" for j in range(len(futures))],
+                              max(deadline - time.monotonic(), 0.001), what)
+    return np.array(lengths, np.int64)
 
 
 def _is_dask_collection(obj):
@@ -227,10 +241,22 @@ class ShardedCache:
     with NumPy, each shard answers its part in one task on the worker that
     holds it, and results are put back in input order. Calls are not meant
     to run concurrently from several client threads.
+
+    Workers may die: a lost shard is recomputed from its lineage (the
+    build's input pieces, the saved directory it was loaded from, plus the
+    inserts since) on any worker, and the call goes on. A task whose workers
+    keep dying raises ``distributed.KilledWorker`` (after the scheduler's
+    ``allowed-failures``); a shard that cannot be recomputed raises the
+    error of its recomputation (a reloaded shard whose directory is gone or
+    changed: ``TreeFormatError``); and no call waits longer than
+    ``timeout`` seconds for its tasks (``TimeoutError`` naming the shards
+    not done). Every error names the shard; a failed call changes nothing.
     """
 
-    def __init__(self, client, head, shards, futures, lengths, head_tree, n_short):
+    def __init__(self, client, head, shards, futures, lengths, head_tree, n_short,
+                 timeout=_cluster.DEFAULT_TIMEOUT):
         self._client = client
+        self._timeout = _cluster.check_timeout(timeout)
         self._k = head
         self._n = shards
         self._shards = futures
@@ -249,6 +275,17 @@ class ShardedCache:
         return self._n
 
     @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its tasks before it raises
+        ``TimeoutError`` naming the shards not done (settable; 600 unless
+        ``build`` / ``load`` were given another)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = _cluster.check_timeout(value)
+
+    @property
     def shard_lengths(self) -> np.ndarray:
         """Distinct sequences stored per shard (int64 array; copies)."""
         return self._lengths.copy()
@@ -261,16 +298,20 @@ class ShardedCache:
 
     # ------------------------------------------------------------ placement
     def _where(self):
-        """Worker holding each shard now (None if it must be recomputed)."""
+        """Workers holding each shard now (empty while it is recomputed)."""
         who = self._client.who_has(self._shards)
         return [sorted(who.get(f.key, ())) for f in self._shards]
 
-    def _submit(self, fn, j, *args, where=None):
-        workers = where[j] if where is not None else None
-        return self._client.submit(fn, self._shards[j], *args, pure=False, **_near(workers))
+    def _submit(self, fn, j, *args):
+        """``fn(shard j, *args)`` as a task: the scheduler runs it where the
+        shard is (no restriction that could outlive that worker)."""
+        return self._client.submit(fn, self._shards[j], *args, pure=False)
 
-    def _gather(self, futures):
-        return self._client.gather(futures)
+    def _gather(self, futures: List[Any], shards: Iterable[int], what: str) -> List[Any]:
+        """The results of ``futures`` (``futures[i]`` a task of shard
+        ``shards[i]``) within ``timeout``; errors name the shard."""
+        return _cluster.gather(self._client, futures, [f"shard {j}" for j in shards],
+                               self._timeout, what)
 
     # ------------------------------------------------------------ queries
     def _route(self, queries):
@@ -283,7 +324,6 @@ class ShardedCache:
     def _ask(self, b, far, sid, what, out):
         if far.size == 0:
             return out
-        where = self._where()
         order = np.argsort(sid, kind="stable")
         bounds = np.searchsorted(sid[order], np.arange(self._n + 1))
         jobs = []
@@ -291,9 +331,10 @@ class ShardedCache:
             idx = far[order[bounds[j]:bounds[j + 1]]]
             if idx.size:
                 flat, offsets = _take(b, idx)
-                jobs.append((idx, self._submit(_lookup, j, flat, offsets, what, where=where)))
-        results = self._gather([f for _, f in jobs])
-        for (idx, _), res in zip(jobs, results):
+                jobs.append((j, idx, self._submit(_lookup, j, flat, offsets, what)))
+        results = self._gather([f for *_, f in jobs], [j for j, *_ in jobs],
+                               "exists_batch" if what == "exists" else "match_prefix_batch")
+        for (_, idx, _), res in zip(jobs, results):
             if res.shape[0] != idx.shape[0]:  # a shard answered for the wrong part
                 raise RuntimeError(f"a shard returned {res.shape[0]} answers for "
                                    f"{idx.shape[0]} queries")
@@ -312,8 +353,10 @@ class ShardedCache:
                             f"{type(queries).__name__}")
         parts = list(np.ravel(np.asarray(queries.to_delayed(), dtype=object)))
         outs = []
-        for f in self._client.compute(parts):
-            outs.append(answer(_partition_batch(f.result())))
+        for i, f in enumerate(self._client.compute(parts)):
+            part, = _cluster.gather(self._client, [f], [f"partition {i}"], self._timeout,
+                                    "computing the queries")
+            outs.append(answer(_partition_batch(part)))
             f.release()
         flat = np.concatenate(outs) if outs else np.empty(0, np.int64)
         return da.from_array(flat, chunks=(tuple(o.shape[0] for o in outs),))
@@ -363,9 +406,11 @@ class ShardedCache:
         touched shard is then copied and extended on its worker, and the new
         shards replace the old ones (and the head tree is extended) only
         after every shard succeeded. A worker dying mid-insert makes Dask
-        rerun the task (recomputing the shard from its lineage); if that
-        fails too (``distributed.KilledWorker`` after ``allowed-failures``),
-        the error propagates and the cache is unchanged.
+        rerun the task (recomputing the shard from its lineage: each new
+        shard is the old one plus its piece); if that fails too
+        (``distributed.KilledWorker`` after ``allowed-failures``, or
+        ``TimeoutError`` past ``timeout``), the error propagates and the
+        cache is unchanged.
         """
         if _is_dask_collection(seqs):
             raise TypeError("insert_batch takes sequences in memory; dask collections are not "
@@ -374,7 +419,6 @@ class ShardedCache:
         _validate_for_insert(b)
         sid = shard_of(b, self._k, self._n)
         new = np.zeros(len(b), np.bool_)
-        where = self._where()
         order = np.argsort(sid, kind="stable")
         bounds = np.searchsorted(sid[order], np.arange(-1, self._n + 1))
         jobs = []
@@ -382,11 +426,11 @@ class ShardedCache:
             idx = order[bounds[j + 1]:bounds[j + 2]]
             if idx.size:
                 flat, offsets = _take(b, idx)
-                pair = self._submit(_insert_copy, j, flat, offsets, where=where)
-                shard = self._client.submit(_first, pair, pure=False, **_near(where[j]))
-                flags = self._client.submit(_second, pair, pure=False, **_near(where[j]))
+                pair = self._submit(_insert_copy, j, flat, offsets)
+                shard = self._client.submit(_first, pair, pure=False)
+                flags = self._client.submit(_second, pair, pure=False)
                 jobs.append((j, idx, shard, flags))
-        results = self._gather([f for *_, f in jobs])
+        results = self._gather([f for *_, f in jobs], [j for j, *_ in jobs], "insert_batch")
         # every shard succeeded: now the head tree (its own insert is
         # all-or-nothing), then swap everything in at once
         head = pickle.loads(pickle.dumps(self._head))
@@ -408,7 +452,9 @@ class ShardedCache:
         """Write every shard (each by its worker), the head tree and a header
         into directory ``path``, as a whole: see ``radix_soa.dask._store``;
         ``radix_soa.dask.load`` reads it back. ``path`` must be on a
-        filesystem the client and every worker share."""
+        filesystem the client and every worker share. Each part carries this
+        save's id and its place in it, under its own checksum, so ``load``
+        refuses a part that is not the one the header names."""
         _store.save(self, path)
 
     # ------------------------------------------------------------ reports
@@ -418,8 +464,8 @@ class ShardedCache:
         counts summed over shards and head tree, with ``bytes_per_stored_token``
         recomputed from the sums. ``sequences`` and ``skew`` (largest shard
         over the mean) say how even the shards are."""
-        where = self._where()
-        per = self._gather([self._submit(_memory, j, where=where) for j in range(self._n)])
+        per = self._gather([self._submit(_memory, j) for j in range(self._n)], range(self._n),
+                           "memory_report")
         head = self._head.memory_report()
         total = {key: sum(r[key] for r in per) + head[key] for key in _SUMMED}
         total["bytes_per_stored_token"] = (total["used_bytes"] / total["tokens_stored"]
@@ -434,7 +480,7 @@ class ShardedCache:
 # ---------------------------------------------------------------- build
 
 def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = None,
-          head: int = 16) -> ShardedCache:
+          head: int = 16, timeout: float = _cluster.DEFAULT_TIMEOUT) -> ShardedCache:
     """A ``ShardedCache`` of ``seqs`` over the workers of ``client`` (the
     current client when None).
 
@@ -444,10 +490,17 @@ def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = Non
     lost shard can be recomputed). ``shards``: how many ``RadixCache`` shards,
     placed round-robin over the workers. ``head`` (k): how many leading
     tokens pick a sequence's shard (see the module docstring for the costs).
-    Empty sequences raise ``ValueError`` (as ``insert_batch``).
+    ``timeout``: seconds this and every later call of the cache may wait
+    for its tasks (``ShardedCache.timeout``). Empty sequences raise
+    ``ValueError`` (as ``insert_batch``). With a ``distributed.Client``
+    running::
+
+        sc = build([[1, 2, 3], [1, 2, 4], [5]], shards=2, head=2, timeout=60)
+        sc.exists_batch([[1, 2, 3], [1, 2]]).tolist()   # [True, False]
     """
     shards = check_int("shards", shards, minimum=1, maximum=1 << 20)
     head = check_int("head", head, minimum=1, maximum=1 << 20)
+    timeout = _cluster.check_timeout(timeout)
     client = _client(client)
     pin = _workers(client, shards)
     head_tree = RadixCache()
@@ -473,7 +526,10 @@ def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = Non
                   for j in range(shards)]
         futures = [client.submit(_build_shard, *pieces[j], pure=False, **_near(pin[j]))
                    for j in range(shards)]
-        for csr in client.gather([client.submit(_heads_of, s, pure=False) for s in splits]):
+        for csr in _cluster.gather(client, [client.submit(_heads_of, s, pure=False)
+                                            for s in splits],
+                                   [f"partition {i}" for i in range(len(splits))], timeout,
+                                   "build"):
             add_heads(csr)
         del part_f, splits, pieces
     else:
@@ -487,29 +543,38 @@ def build(seqs: Any, shards: int = 8, client: Optional[distributed.Client] = Non
         if len(b):
             hb = _heads(b, head)
             add_heads((hb.flat, hb.offsets))
-    lengths = np.array(client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
-                                      for j, f in enumerate(futures)]), np.int64)
-    return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short)
+    lengths = _placed(client, futures, timeout, "build")
+    return ShardedCache(client, head, shards, futures, lengths, head_tree, n_short, timeout)
 
 
 def load(path: Union[str, "os.PathLike[str]"], mmap: bool = False,
-         client: Optional[distributed.Client] = None) -> ShardedCache:
+         client: Optional[distributed.Client] = None,
+         timeout: float = _cluster.DEFAULT_TIMEOUT) -> ShardedCache:
     """A ``ShardedCache`` written by ``ShardedCache.save``, each shard loaded
     by the worker that will hold it (``mmap=True``: mapped read-only there,
     as ``RadixCache.load(mmap=True)``; ``insert_batch`` still works, on
-    copies). The head tree is loaded by the client. A truncated, corrupted
-    or foreign directory raises ``TreeFormatError``; a lost worker reloads
-    its shard from the directory (so keep it while the cache is used).
+    copies). The head tree is loaded by the client. ``timeout`` as for
+    ``build``.
+
+    Everything is checked before it is trusted: a truncated, corrupted,
+    foreign or edited directory (a header whose counts disagree with its
+    parts, even with its checksum recomputed; a swapped, copied, missing or
+    extra shard; a missing head tree) raises ``TreeFormatError`` naming the
+    part (see ``radix_soa.dask._store``). A lost worker reloads its shards
+    from the directory, checked the same way: keep the directory, as it is,
+    while the cache is used (saving over it makes a lost shard an error)::
+
+        sc.save("tree_dir/")
+        back = load("tree_dir/", mmap=True)   # len(back) == len(sc)
     """
     client = _client(client)
+    timeout = _cluster.check_timeout(timeout)
     path = os.path.abspath(os.fspath(path))
     header, head = _store.checked_header(path, mmap)
-    k, n = header["head"], header["shards"]
+    k, n, save_id = header["head"], header["shards"], header["save"]
     pin = _workers(client, n)
-    futures = [client.submit(_store.load_shard, _store.shard_dir(path, j), mmap, pure=False,
-                             **_near(pin[j])) for j in range(n)]
-    counts = client.gather([client.submit(len, f, pure=False, **_near(pin[j]))
-                            for j, f in enumerate(futures)])
+    futures = [client.submit(_store.load_shard, path, j, mmap, _store.identity(save_id, k, n, j),
+                             pure=False, **_near(pin[j])) for j in range(n)]
+    counts = _placed(client, futures, timeout, "load")
     _store.check_counts(path, header, counts)
-    return ShardedCache(client, k, n, futures, np.array(counts, np.int64), head,
-                        header["short_sequences"])
+    return ShardedCache(client, k, n, futures, counts, head, header["short_sequences"], timeout)
