@@ -36,6 +36,8 @@ from ._input.run import map_batches, use_parallel
 
 __all__ = ["PrefixCache", "CacheFullError", "InsertResult", "Match", "EvictResult"]
 
+_VALUES_NEEDED = ("values: this cache keeps a value per token (its KV slot); pass values=, or "
+                  "make it with PrefixCache(values=False) to keep none")
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
 _INT64 = np.dtype(np.int64)
 _new = tuple.__new__
@@ -507,7 +509,7 @@ class PrefixCache(ServingMixin, TreeCache):
             check_length(int(b.lengths.max()), "a sequence of the batch")
         if s.has_values:
             if values is None:
-                raise ValueError("this cache keeps a value per token; pass values=")
+                raise ValueError(_VALUES_NEEDED)
             vb = pack(values)
             if not np.array_equal(vb.offsets - vb.offsets[0], b.offsets - b.offsets[0]):
                 raise ValueError("values must have one value per token of every sequence")
@@ -591,7 +593,7 @@ class PrefixCache(ServingMixin, TreeCache):
                 raise ValueError("this cache keeps no values (values=False); pass values=None")
             return _NO_VALUES
         if values is None:
-            raise ValueError("this cache keeps a value per token; pass values=")
+            raise ValueError(_VALUES_NEEDED)
         vals = as_values(values)
         if vals.shape[0] != n and vals.shape[0] != aligned:
             pages = f" or {aligned} (the whole pages)" if aligned is not None and aligned != n \

@@ -91,12 +91,13 @@ class RadixCache(TreeCache):
 
     __contains__ = exists
 
-    def match_prefix(self, sequence: TokenSequence) -> int:
+    def match_length(self, sequence: TokenSequence) -> int:
         """Length of the longest prefix of ``sequence`` present as a path
-        (whether or not a stored sequence ends there).
+        (whether or not a stored sequence ends there): the name
+        ``PrefixCache`` has for it too; ``match_prefix`` is its first name.
 
         >>> rc = RadixCache(); _ = rc.insert([1, 2, 3])
-        >>> rc.match_prefix([1, 2, 5]), rc.match_prefix([4])
+        >>> rc.match_length([1, 2, 5]), rc.match_prefix([4])
         (2, 0)
         """
         q = as_tokens(sequence)
@@ -107,6 +108,8 @@ class RadixCache(TreeCache):
             with self._lock:
                 length = descent_kernels.match_at(s.directory, s.like, s.root, q, 1)
         return int(length)
+
+    match_prefix = match_length
 
     # ------------------------------------------------------------ mutation
     def insert(self, sequence: TokenSequence) -> bool:
@@ -225,13 +228,14 @@ class RadixCache(TreeCache):
             progress,
         )
 
-    def match_prefix_batch(self, batch: BatchLike, parallel: Parallel = None, *,
+    def match_length_batch(self, batch: BatchLike, parallel: Parallel = None, *,
                            progress: Progress = False) -> np.ndarray:
-        """``match_prefix`` for every sequence of ``batch``, as an int64 array
-        (arguments as for ``exists_batch``).
+        """``match_length`` for every sequence of ``batch``, as an int64 array
+        (arguments as for ``exists_batch``); ``match_prefix_batch`` is its
+        first name.
 
         >>> rc = RadixCache(); _ = rc.insert([1, 2, 3])
-        >>> rc.match_prefix_batch([[1, 2, 9], [5], [1, 2, 3, 4]]).tolist()
+        >>> rc.match_length_batch([[1, 2, 9], [5], [1, 2, 3, 4]]).tolist()
         [2, 0, 3]
         """
         s = self._s
@@ -249,6 +253,8 @@ class RadixCache(TreeCache):
             ),
             progress,
         )
+
+    match_prefix_batch = match_length_batch
 
     # ------------------------------------------------------------ sequence ids
     def ids(self, batch: BatchLike) -> np.ndarray:

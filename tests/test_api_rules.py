@@ -206,3 +206,29 @@ def test_the_serving_mixin_declares_without_defining():
         assert name not in vars(ServingMixin)
     assert PrefixCache._writable is TreeCache._writable
     assert PrefixCache._drain_readers is TreeCache._drain_readers
+
+
+def test_the_matching_operation_has_one_name_on_every_class():
+    import radix_soa as rs
+
+    rc, pc = rs.RadixCache(), rs.PrefixCache(values=False)
+    rc.insert([1, 2, 3])
+    pc.insert([1, 2, 3])
+    q = [1, 2, 9]
+    assert rc.match_length(q) == pc.match_length(q) == rc.match_prefix(q) == 2
+    assert rc.match_length_batch([q, [5]]).tolist() == pc.match_length_batch([q, [5]]).tolist() \
+        == rc.match_prefix_batch([q, [5]]).tolist() == [2, 0]
+    assert rs.RadixCache.match_prefix is rs.RadixCache.match_length  # the first name, kept
+
+
+def test_a_cache_with_values_asked_for_none_names_values_false():
+    import pytest
+
+    import radix_soa as rs
+
+    pc = rs.PrefixCache()
+    for call in (lambda: pc.insert([1, 2]), lambda: pc.insert_batch([[1, 2]])):
+        with pytest.raises(ValueError, match=r"pass values=, or make it with "
+                                             r"PrefixCache\(values=False\)"):
+            call()
+    assert pc.total_tokens == 0

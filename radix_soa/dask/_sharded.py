@@ -397,6 +397,8 @@ class ShardedCache:
         b, h, far, sid = self._route(queries)
         return self._ask(b, far, sid, "match", h.astype(np.int64, copy=True))
 
+    match_length_batch = match_prefix_batch  # RadixCache's and PrefixCache's name for it
+
     # ------------------------------------------------------------ updates
     def insert_batch(self, seqs: BatchLike) -> np.ndarray:
         """Insert sequences; returns a bool array, True where a sequence was
