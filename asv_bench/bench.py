@@ -642,6 +642,16 @@ def section_containers(repeat):
     add("datasets numpy format ds['tokens']", lambda: hf_dataset("numpy"))
     add("object array of int64 arrays (a copy)", lambda: objects)
     add("object array of lists of ints (a copy)", lambda: lists)
+    plain = lists.tolist()
+    add("list of lists of ints (a copy)", lambda: plain)
+
+    def pandas_objects():
+        import pandas as pd
+        return pd.Series(plain)
+
+    add("pandas object Series of lists (a copy)", pandas_objects)
+    add("pyarrow ChunkedArray of 1,000 chunks", lambda: pa.chunked_array(
+        [arr.slice(i, -(-n // 1000)) for i in range(0, n, -(-n // 1000))]))
     print(f"  (inputs built in {time.perf_counter() - t_start:.1f} s)")
     best = _interleaved(calls, repeat)
     base = best["pyarrow ListArray"]

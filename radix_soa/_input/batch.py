@@ -13,8 +13,7 @@ Arrow ``ListArray``); batch kernels loop over it in compiled code.
 """
 
 import operator
-import struct
-from itertools import chain
+from array import array
 from typing import Iterator, overload
 
 import numpy as np
@@ -174,11 +173,13 @@ def _pack_containers(seqs):
     """A ``Batch`` of Python or NumPy containers of sequences (``pack``'s
     own cases; ``as_batches`` has dispatched everything else)."""
     if isinstance(seqs, np.ndarray) and seqs.ndim == 1 and seqs.dtype == object:
-        read = objects_csr(seqs)
-        if read is not None:
-            flat, offsets = read
-            return Batch(_flat_array(flat).astype(_INT64, copy=False), offsets)  # uint64 checked
-        seqs = seqs.tolist()  # its elements, each a sequence
+        items = seqs.tolist()  # its elements, each a sequence
+        if not set(map(type, items)) <= {list, tuple}:  # arrays: Arrow takes them in one call
+            read = objects_csr(seqs)
+            if read is not None:
+                flat, offsets = read
+                return Batch(_flat_array(flat).astype(_INT64, copy=False), offsets)  # uint64 checked
+        seqs = items  # lists (a pandas object column's): packed below, faster than Arrow
     elif isinstance(seqs, np.ndarray):
         if seqs.ndim != 2:
             raise ValueError("pack takes a sequence of sequences, a 2-D array or a 1-D object "
@@ -189,19 +190,18 @@ def _pack_containers(seqs):
     if isinstance(seqs, (str, bytes, bytearray)) or not hasattr(seqs, "__iter__"):
         raise TypeError(f"pack takes a sequence of sequences; got {type(seqs).__name__}")
     items = seqs if isinstance(seqs, (list, tuple)) else list(seqs)
-    flat = None
-    if all(type(x) in (list, tuple) for x in items):
-        flat = _pack_python(items)
-    elif set(map(type, items)) == {np.ndarray}:
+    kinds = set(map(type, items))
+    if kinds <= {list, tuple}:
+        packed = _pack_python(items)
+        if packed is not None:
+            return packed
+    elif kinds == {np.ndarray}:
         packed = _pack_arrays(items)
         if packed is not None:
             return packed
-    if flat is None:
-        arrays = [_item_tokens(i, x) for i, x in enumerate(items)]
-        flat = np.concatenate(arrays) if arrays else np.empty(0, _INT64)
-        lengths = [a.shape[0] for a in arrays]
-    else:
-        lengths = [len(x) for x in items]
+    arrays = [_item_tokens(i, x) for i, x in enumerate(items)]
+    flat = np.concatenate(arrays) if arrays else np.empty(0, _INT64)
+    lengths = [a.shape[0] for a in arrays]
     offsets = np.zeros(len(items) + 1, _INT64)
     np.cumsum(lengths, out=offsets[1:])
     return Batch(flat, offsets)
@@ -231,17 +231,27 @@ def _is_csr_pair(obj):
 
 
 def _pack_python(items):
-    """Flat int64 array of lists of Python ints, or None if an element is not
-    an int64 (the slow path then names it)."""
-    total = sum(len(x) for x in items)
+    """A ``Batch`` of lists and tuples of Python ints, or None if an element
+    is not an int64 (the slow path then names it). ``array('q').fromlist``
+    converts a list in C and refuses what is not an int (a float too) or does
+    not fit, 1.3x faster than one ``struct.pack`` of them all; only a bool
+    gets through, and ``has_bool`` finds those."""
+    flat = array("q")
     try:
-        raw = struct.Struct(f"{total}q").pack(*chain.from_iterable(items))
-    except (struct.error, TypeError, OverflowError):
+        for x in items:
+            if type(x) is list:
+                flat.fromlist(x)
+            else:
+                flat.extend(x)
+    except (TypeError, OverflowError):
         return None
-    flat = np.frombuffer(bytearray(raw), dtype=_INT64)
-    if has_bool(items, flat, nested=True):
+    lengths = np.fromiter(map(len, items), _INT64, len(items))
+    offsets = np.zeros(len(items) + 1, _INT64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.frombuffer(flat, dtype=_INT64) if len(flat) else np.empty(0, _INT64)
+    if has_bool(items, tokens, offsets=offsets):
         return None
-    return flat
+    return Batch(tokens, offsets)
 
 
 def _pack_arrays(items):

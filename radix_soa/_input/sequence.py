@@ -10,7 +10,6 @@ import operator
 import re
 import struct
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
@@ -135,17 +134,20 @@ def _list_tokens(seq):
 _BOOLS = (bool, np.bool_)
 
 
-def has_bool(items, tokens, nested=False):
+def has_bool(items, tokens, offsets=None):
     """1 + the position of the first bool of list ``items`` (packed as
-    ``tokens``; ``nested``: a list of lists, packed one after another), or
-    0: only the positions packed as 0 or 1 are looked at (one kernel pass
-    finds whether there are any, before anything is flattened)."""
+    ``tokens``; with ``offsets``, ``items`` is a list of sequences packed one
+    after another, at those offsets), or 0: only the positions packed as 0
+    or 1 are looked at (one kernel pass finds whether there are any)."""
     if not count_zero_one(tokens):
         return 0
-    if nested:
-        items = list(chain.from_iterable(items))
     for i in np.flatnonzero(tokens.view(np.uint64) <= 1).tolist():
-        if isinstance(items[i], _BOOLS):
+        if offsets is None:
+            x = items[i]
+        else:
+            row = int(np.searchsorted(offsets, i, side="right")) - 1
+            x = items[row][i - int(offsets[row])]
+        if isinstance(x, _BOOLS):
             return i + 1
     return 0
 
