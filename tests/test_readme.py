@@ -1,13 +1,13 @@
-"""The README's code, run as written.
+"""The code of README.md and docs/guide/*.md, run as written.
 
-Every ```python block of README.md runs top to bottom in ONE namespace (a
-later block may use names an earlier one defined), statement by statement,
-from a directory laid out like a checkout (``../shared`` beside it, so the
-README's relative paths resolve; files the README writes land in a temporary
-directory, not in the repository). A block preceded by the line
-``<!-- needs: ../shared/data -->`` reads the real traces: without them it is
-left out of the first test (which must never depend on it) and the second
-test, which runs every block, skips with the reason.
+Every ```python block runs on its own, in a fresh namespace (as a reader
+pasting it into a new interpreter would), statement by statement, from a
+directory laid out like a checkout (``../shared`` beside it, so relative
+paths resolve; files a block writes land in a temporary directory, not in
+the repository). A block preceded by the line ``<!-- needs: ../shared/data
+-->`` reads the real traces: without them it is left out of the first test
+(which must never depend on it) and the second test, which runs every block,
+skips with the reason.
 
 A one-line expression statement (not a ``print``) whose comment starts with
 a Python literal (``rc.exists([1, 2, 3])  # False: an internal prefix``,
@@ -26,16 +26,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
+DOCS = [README] + GUIDE
 SHARED = ROOT.parent / "shared"
 NEEDS_DATA = "<!-- needs: ../shared/data -->"
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 
-def blocks(lang):
-    """``(line, code, needs_data)`` of every ```lang block: ``line`` is the
-    README line of the code's first line."""
-    text = README.read_text()
+def blocks(lang, doc=README):
+    """``(line, code, needs_data)`` of every ```lang block of ``doc``:
+    ``line`` is the document's line of the code's first line."""
+    text = doc.read_text()
     out = []
     for m in FENCE.finditer(text):
         if m.group(1) != lang:
@@ -65,23 +67,23 @@ def _is_print(node):
             and node.func.id == "print")
 
 
-def run_block(line, code, ns):
+def run_block(line, code, ns, doc=README):
     """Run ``code`` statement by statement in ``ns``; error tracebacks name
-    README.md and its line numbers. Returns how many claims were checked."""
+    the document and its line numbers. Returns how many claims were checked."""
     source = "\n" * (line - 1) + code
     lines = source.splitlines()
     checked = 0
-    for stmt in ast.parse(source, str(README)).body:
+    for stmt in ast.parse(source, str(doc)).body:
         expected = None
         if (isinstance(stmt, ast.Expr) and stmt.lineno == stmt.end_lineno
                 and not _is_print(stmt.value)):
             expected = claim(lines[stmt.lineno - 1])
         if expected is None:
-            exec(compile(ast.Module([stmt], type_ignores=[]), str(README), "exec"), ns)
+            exec(compile(ast.Module([stmt], type_ignores=[]), str(doc), "exec"), ns)
             continue
-        value = eval(compile(ast.Expression(stmt.value), str(README), "eval"), ns)
+        value = eval(compile(ast.Expression(stmt.value), str(doc), "eval"), ns)
         assert value == expected[0], (
-            f"README.md line {stmt.lineno}: {lines[stmt.lineno - 1].strip()!r} "
+            f"{doc.name} line {stmt.lineno}: {lines[stmt.lineno - 1].strip()!r} "
             f"gives {value!r}")
         checked += 1
     return checked
@@ -98,39 +100,46 @@ def checkout(tmp_path, monkeypatch):
     return work
 
 
-def run_all(include_data):
-    ns = {"__name__": "__readme__"}
+def run_doc(doc, include_data):
+    """Run every python block of ``doc``, each in a fresh namespace."""
     ran = checked = 0
-    for line, code, needs_data in blocks("python"):
+    for line, code, needs_data in blocks("python", doc):
         if needs_data and not include_data:
             continue
-        checked += run_block(line, code, ns)
+        checked += run_block(line, code, {"__name__": "__doc_block__"}, doc)
         ran += 1
     return ran, checked
 
 
-def test_readme_has_python_blocks_and_marks_the_data_ones():
-    found = blocks("python")
-    assert len(found) >= 5
-    needing = [line for line, code, needs in found if needs]
-    # a block reading ../shared must say so, and only such blocks are marked
-    for line, code, needs in found:
-        assert needs == ("../shared/data" in code), f"README.md line {line}"
-    assert needing, "the studies block reads a real trace"
+def test_the_docs_have_python_blocks_and_mark_the_data_ones():
+    assert len(blocks("python")) >= 5 and len(GUIDE) >= 6
+    needing = []
+    for doc in DOCS:
+        found = blocks("python", doc)
+        # a block reading ../shared must say so, and only such blocks are marked
+        for line, code, needs in found:
+            assert needs == ("../shared/data" in code), f"{doc.name} line {line}"
+        needing += [line for line, code, needs in found if needs]
+    assert needing, "the studies page reads a real trace"
 
 
-def test_readme_python_blocks_run_without_the_data(checkout):
-    ran, checked = run_all(include_data=False)
-    assert ran == sum(1 for *_, needs in blocks("python") if not needs)
-    assert checked >= 10  # the README's stated values were compared
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_python_block_runs_on_its_own_without_the_data(checkout, doc):
+    ran, checked = run_doc(doc, include_data=False)
+    assert ran == sum(1 for *_, needs in blocks("python", doc) if not needs)
+    if doc is README:
+        assert checked >= 10  # the README's stated values were compared
 
 
-def test_readme_python_blocks_all_run_with_the_data(checkout):
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_python_block_runs_on_its_own_with_the_data(checkout, doc):
+    if not any(needs for *_, needs in blocks("python", doc)):
+        pytest.skip(f"{doc.name} has no block that reads ../shared/data")
     if not (SHARED / "data" / "traces").is_dir():
-        pytest.skip(f"{SHARED / 'data' / 'traces'} is absent: the README's trace blocks "
-                    "need the real traces")
-    ran, _ = run_all(include_data=True)
-    assert ran == len(blocks("python"))
+        pytest.skip(f"{SHARED / 'data' / 'traces'} is absent: the trace blocks need the "
+                    "real traces")
+    ran, _ = run_doc(doc, include_data=True)
+    assert ran == len(blocks("python", doc))
 
 
 def quick_start():
