@@ -258,6 +258,8 @@ def index_tensor(values: np.ndarray, device: Any) -> Any:
     NumPy array itself when torch is not installed)."""
     if torch is None:
         return values
+    if not values.flags.writeable:  # a shared read-only answer (an empty match)
+        values = values.copy()
     t = torch.from_numpy(values)
     return t if device is None or device.type == "cpu" else t.to(device)
 
