@@ -21,10 +21,17 @@ REASON = ("SGLang 0.5.23 is not installed here: the SGLang leg of .ci/run instal
 
 
 def require_sglang():
-    """Skip the calling test module unless SGLang is importable; make it so."""
+    """Skip the calling test module unless SGLang is installed; make it
+    importable."""
     if importlib.util.find_spec("sglang") is None:
         pytest.skip(REASON, allow_module_level=True)
-    if importlib.util.find_spec("torchvision") is None:
+    prepare()
+
+
+def prepare():
+    """Make an installed SGLang importable (nothing to do without one)."""
+    if (importlib.util.find_spec("sglang") is not None
+            and importlib.util.find_spec("torchvision") is None):
         _stand_in_for_torchvision()
 
 

@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["HAVE_SGLANG", "HAVE_TORCH", "BasePrefixCache", "RadixKey", "MatchPrefixParams",
            "InsertParams", "EvictParams", "MatchResult", "InsertResult", "EvictResult",
            "IncLockRefResult", "DecLockRefResult", "TreeLock", "tokens_of", "namespace_of",
-           "as_int64", "index_tensor", "sglang_events"]
+           "as_int64", "host_array", "index_tensor", "sglang_events"]
 
 #: SGLang (and torch) are looked up, not imported, to decide: an installed
 #: SGLang that fails to import raises, it does not turn into the stand-ins.
@@ -237,13 +237,8 @@ def tokens_of(key: Any) -> np.ndarray:
 
 def as_int64(x: Any, what: str = "value") -> np.ndarray:
     """``x`` (a torch tensor on any device, a NumPy array, a list) as a 1-D
-    int64 NumPy array; a CPU tensor of int64 is not copied."""
-    if torch is not None and isinstance(x, torch.Tensor):
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        x = x.numpy()
-    a = np.asarray(x)
+    int64 NumPy array; a CPU tensor or array of int64 is not copied."""
+    a = host_array(x)
     if a.ndim != 1:
         raise ValueError(f"{what} must be 1-D; got {a.ndim}-D")
     if a.dtype != np.int64:
@@ -253,15 +248,25 @@ def as_int64(x: Any, what: str = "value") -> np.ndarray:
     return a
 
 
+def host_array(x: Any) -> np.ndarray:
+    """A tensor's (or array's) data as a NumPy array in host memory: a view
+    of a CPU tensor, a copy of a device one."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            x = x.cpu()
+        return x.detach().numpy() if x.requires_grad else x.numpy()
+    return np.asarray(x)
+
+
 def index_tensor(values: np.ndarray, device: Any) -> Any:
-    """int64 indices as SGLang takes them: a torch tensor on ``device`` (the
-    NumPy array itself when torch is not installed)."""
+    """int64 indices as SGLang takes them: a torch tensor on ``device``
+    (``None``: the CPU), or the NumPy array itself without torch."""
     if torch is None:
         return values
     if not values.flags.writeable:  # a shared read-only answer (an empty match)
         values = values.copy()
     t = torch.from_numpy(values)
-    return t if device is None or device.type == "cpu" else t.to(device)
+    return t if device is None else t.to(device)
 
 
 _NAMESPACES: Dict[Tuple[Any, Any], str] = {}  # namespace_of's answers so far (bounded)

@@ -50,8 +50,8 @@ import numpy as np
 from ..prefix_cache import PrefixCache
 from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EvictParams,
                             EvictResult, IncLockRefResult, InsertParams, InsertResult,
-                            MatchPrefixParams, MatchResult, RadixKey, as_int64, index_tensor,
-                            namespace_of, sglang_events, tokens_of, torch)
+                            MatchPrefixParams, MatchResult, RadixKey, as_int64, host_array,
+                            index_tensor, namespace_of, sglang_events, tokens_of, torch)
 
 __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
            "RadixKey", "MatchPrefixParams", "InsertParams", "EvictParams"]
@@ -121,6 +121,8 @@ class SGLangPrefixCache(BasePrefixCache):
                                        and not self.disable)
         self._lora_names = getattr(params, "kv_event_lora_names", None)
         self.device = _device_of(self.token_to_kv_pool_allocator)
+        # where index tensors go: None for the CPU (torch.from_numpy's own)
+        self._to = None if self.device is None or self.device.type == "cpu" else self.device
         self._pc = PrefixCache(page_size=self.page_size, eviction_policy=self.eviction_policy,
                                events=self.enable_kv_cache_events)
         if getattr(params, "enable_metrics", False):
@@ -203,8 +205,8 @@ class SGLangPrefixCache(BasePrefixCache):
         floor = getattr(kv, "swa_evict_floor", 0)
         if floor > 0:  # never cache what a sliding window evicted
             n = min(n, -(-floor // self.page_size) * self.page_size)
-        row = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :q.shape[0]]
-        values = as_int64(row[:n], "the request's row of req_to_token_pool")
+        row = host_array(self.req_to_token_pool.req_to_token[kv.req_pool_idx, :n])
+        values = row if row.dtype == np.int64 else row.astype(np.int64)
         ns = namespace_of(req.extra_key, getattr(req, "cache_salt", None))
         # No second insert at the prompt's end as SGLang makes (to evict the
         # output before the prompt): eviction trims a leaf's tail first here.
@@ -212,12 +214,12 @@ class SGLangPrefixCache(BasePrefixCache):
         kv.cache_inserted_len = max(kv.cache_inserted_len, n)
         protected = kv.cache_protected_len
         if cached > protected:  # this request's slots of tokens cached before
-            self._free(row[protected:cached], protected)
+            self._free(values[protected:cached], protected)
         m = self._pc.match(q[:n], ns)
         if m.length != n:
             raise RuntimeError(f"checkpoint: {m.length} of the {n} tokens just inserted match")
         self.req_to_token_pool.write((kv.req_pool_idx, slice(protected, n)),
-                                     index_tensor(m.values[protected:], self.device))
+                                     index_tensor(m.values[protected:], self._to))
         kv.cache_protected_len = n
         node = Node(m.node, m.values)
         self.unlock(req.lock)
@@ -256,7 +258,7 @@ class SGLangPrefixCache(BasePrefixCache):
         if allocator is None:  # a simulated cache without an allocator
             return
         if type(indices) is np.ndarray:
-            indices = index_tensor(indices, self.device)
+            indices = index_tensor(indices, self._to)
         free_segment = getattr(allocator, "free_segment", None)
         if free_segment is not None:
             free_segment(indices, start_pos=start_pos)
@@ -297,12 +299,12 @@ class SGLangPrefixCache(BasePrefixCache):
         if node._indices is None:
             node._indices = self._pc.peek(node._tokens, node._namespace).values
         if type(node._indices) is np.ndarray:
-            node._indices = index_tensor(node._indices, self.device)
+            node._indices = index_tensor(node._indices, self._to)
         return node._indices
 
     def all_values_flatten(self) -> Any:
         """Every cached KV index, in node order."""
-        return index_tensor(self._pc.cached_values(), self.device)
+        return index_tensor(self._pc.cached_values(), self._to)
 
     def touch_prefix(self, key: Any) -> None:
         """Refresh the recency of ``key``'s cached path (no split)."""
