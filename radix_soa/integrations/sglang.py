@@ -43,7 +43,7 @@ page hashes are radix_soa's, not SGLang's; EAGLE's bigram keys, host tiers
 
 import time
 from array import array
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
@@ -205,8 +205,7 @@ class SGLangPrefixCache(BasePrefixCache):
         floor = getattr(kv, "swa_evict_floor", 0)
         if floor > 0:  # never cache what a sliding window evicted
             n = min(n, -(-floor // self.page_size) * self.page_size)
-        row = host_array(self.req_to_token_pool.req_to_token[kv.req_pool_idx, :n])
-        values = row if row.dtype == np.int64 else row.astype(np.int64)
+        values = self._row_slots(kv.req_pool_idx, n)
         ns = namespace_of(req.extra_key, getattr(req, "cache_salt", None))
         # No second insert at the prompt's end as SGLang makes (to evict the
         # output before the prompt): eviction trims a leaf's tail first here.
@@ -218,13 +217,29 @@ class SGLangPrefixCache(BasePrefixCache):
         m = self._pc.match(q[:n], ns)
         if m.length != n:
             raise RuntimeError(f"checkpoint: {m.length} of the {n} tokens just inserted match")
+        cached_slots = cast(np.ndarray, m.values)  # this cache keeps values
         self.req_to_token_pool.write((kv.req_pool_idx, slice(protected, n)),
-                                     index_tensor(m.values[protected:], self._to))
+                                     index_tensor(cached_slots[protected:], self._to))
         kv.cache_protected_len = n
         node = Node(m.node, m.values)
         self.unlock(req.lock)
         req.lock = self.lock(node)
         req.last_node = node
+
+    def _row_slots(self, row: int, n: int) -> np.ndarray:
+        """The first ``n`` KV slots of ``req_to_token_pool``'s row ``row``, as
+        int64 (a copy: ``checkpoint`` rewrites the row). A CPU table is read
+        through a NumPy view of it (a torch index costs ~10 µs a call)."""
+        table = self.req_to_token_pool.req_to_token
+        if table is not self._table:
+            self._table = table
+            self._table_view = _host_view(table)
+        view = self._table_view
+        slots = view[row, :n] if view is not None else host_array(table[row, :n])
+        return slots.astype(np.int64)
+
+    _table: Any = None  # the pool's table, and its NumPy view when on the CPU
+    _table_view: Optional[np.ndarray] = None
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """The pre-0.5.2x name of a chunked-prefill checkpoint: SGLang's own
@@ -371,6 +386,16 @@ def _device_of(allocator: Any) -> Any:
     if torch is None:
         return None
     return torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
+
+
+def _host_view(table: Any) -> Optional[np.ndarray]:
+    """A NumPy view of a 2-D table in host memory (a CPU tensor, an array),
+    or None (a device tensor: read row by row)."""
+    if isinstance(table, np.ndarray):
+        return table
+    if torch is not None and isinstance(table, torch.Tensor) and table.device.type == "cpu":
+        return table.numpy()
+    return None
 
 
 def _sglang_common() -> Any:
