@@ -579,6 +579,21 @@ def test_the_radix_cache_backend_flag_selects_it(sglang_context, monkeypatch):
         registry.create_tree_cache(_build_context(sglang_context, params, is_hybrid_swa=True))
 
 
+def test_dfs_weight_scheduling_is_refused_at_startup(sglang_context, monkeypatch):
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setattr(registry, "_RADIX_CACHE_REGISTRY", {})
+    adapter.install()
+    sa = ServerArgs(model_path="dummy", device="cpu", radix_cache_backend=adapter.BACKEND,
+                    schedule_policy="dfs-weight")
+    params = CacheInitParams(disable=False, req_to_token_pool=None,
+                             token_to_kv_pool_allocator=None, page_size=1)
+    with use_context(create_context(sa, role="scheduler")):
+        with pytest.raises(NotImplementedError, match="--schedule-policy dfs-weight"):
+            registry.create_tree_cache(_build_context(sa, params))
+
+
 def test_install_refuses_a_taken_name_and_a_registry_without_backends(monkeypatch):
     monkeypatch.setattr(registry, "_RADIX_CACHE_REGISTRY", {})
     registry.register_radix_cache_backend("taken", lambda ctx: None)

@@ -138,6 +138,15 @@ def test_checkpoint_frees_duplicates_rewrites_the_row_and_moves_the_lock():
     assert match(c, [1, 2, 3, 4, 5, 6, 7])[:2] == (7, [50, 51, 52, 13, 14, 15, 16])
 
 
+def test_checkpoint_refuses_a_bad_up_to_and_changes_nothing():
+    c, alloc, pool = cache_with_pools()
+    req = request([1, 2, 3], [10, 11, 12], pool)
+    for bad, exc in ((-1, ValueError), (2.0, TypeError), (None, TypeError)):
+        with pytest.raises(exc, match="up_to"):
+            c.checkpoint(req, up_to=bad)
+    assert c.total_size() == 0 and alloc.calls == [] and req.lock is None
+
+
 def test_checkpoint_with_pages_keeps_the_partial_page_for_the_request():
     c, alloc, pool = cache_with_pools(page_size=2)
     insert(c, [1, 2], [40, 41])

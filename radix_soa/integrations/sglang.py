@@ -47,6 +47,7 @@ from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
+from .._input.validate import check_int
 from ..prefix_cache import PrefixCache
 from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EvictParams,
                             EvictResult, IncLockRefResult, InsertParams, InsertResult,
@@ -197,6 +198,8 @@ class SGLangPrefixCache(BasePrefixCache):
         another request are freed and the row points at the cached ones, the
         request's lock moves to the new node (``req.lock``, ``req.last_node``)
         and ``req.kv.cache_protected_len`` covers the cached whole pages."""
+        if type(up_to) is not int or up_to < 0:
+            up_to = check_int("up_to", up_to, minimum=0)
         if self.disable:
             return
         kv = req.kv
@@ -417,9 +420,23 @@ def make_cache(ctx: Any) -> SGLangPrefixCache:
                        ("enable_hierarchical_cache", "the hierarchical cache (HiCache)")):
         if getattr(ctx, flag, False):
             raise NotImplementedError(f"--radix-cache-backend {BACKEND} does not support {what}")
+    if _schedule_policy() == "dfs-weight":
+        raise NotImplementedError(f"--radix-cache-backend {BACKEND} does not support "
+                                  "--schedule-policy dfs-weight; use lpm or fcfs")
     cache = SGLangPrefixCache(ctx.params)
     _warm(cache.page_size, cache.eviction_policy)
     return cache
+
+
+def _schedule_policy() -> Optional[str]:
+    """The scheduler's ``--schedule-policy``, from SGLang's process config
+    (None where none is published, as outside a scheduler process)."""
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        return get_schedule().schedule_policy
+    except (ImportError, ValueError, AttributeError):
+        return None
 
 
 def _warm(page_size: int, policy: str) -> None:
