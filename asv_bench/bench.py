@@ -1006,7 +1006,8 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "replay_scale": section_replay_scale, "cluster": section_cluster,
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
-            "sglang": section_sglang, "sglang_loop": section_sglang_loop, "dask": section_dask, "events": section_events}
+            "sglang": section_sglang, "sglang_loop": section_sglang_loop,
+            "dask": section_dask, "events": section_events}
 
 
 def main():

@@ -1,9 +1,12 @@
-"""radix_soa's PrefixCache against SGLang's RadixCache, per call, side by side.
+"""radix_soa against SGLang's RadixCache, side by side: ``PrefixCache`` per
+call (section ``sglang``), and radix_soa's SGLang cache
+(``radix_soa.integrations.sglang``) in a scheduler-shaped loop (section
+``sglang_loop``, at the end of this file).
 
 Needs SGLang 0.5.23 importable (its own ~2.5 GB environment; recipe in
-``../shared/anchors/sglang-cpu.md``), so it is not part of CI:
+``docs/guide/sglang.md``), so it is not part of CI:
 
-    /tmp/sgl-venv/bin/python asv_bench/bench.py sglang
+    /tmp/sgl-venv/bin/python asv_bench/bench.py sglang sglang_loop
 
 Same keys, values and order for both. SGLang's ``RadixKey`` and ``*Params``
 are built inside the timed loop (that is its public API); its keys are
