@@ -686,6 +686,14 @@ def section_sglang(repeat):
     sglang_side.run(repeat)
 
 
+def section_sglang_loop(repeat):
+    """A scheduler-shaped loop on SGLang's RadixCache and on radix_soa's SGLang
+    cache (only where SGLang is importable: /tmp/sgl-venv, docs/guide/sglang.md)."""
+    import sglang_side
+
+    sglang_side.run_loop(repeat, quick=QUICK)
+
+
 def _dask_corpus(n, seed=0):
     """n sequences of 8..40 tokens as a CSR pair; a third share one of 200
     12-token openings (a few system prompts), the rest start at random."""
@@ -1008,7 +1016,8 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "replay_scale": section_replay_scale, "cluster": section_cluster,
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
-            "sglang": section_sglang, "dask": section_dask, "events": section_events}
+            "sglang": section_sglang, "sglang_loop": section_sglang_loop,
+            "dask": section_dask, "events": section_events}
 
 
 def main():

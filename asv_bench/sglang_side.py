@@ -1,9 +1,12 @@
-"""radix_soa's PrefixCache against SGLang's RadixCache, per call, side by side.
+"""radix_soa against SGLang's RadixCache, side by side: ``PrefixCache`` per
+call (section ``sglang``), and radix_soa's SGLang cache
+(``radix_soa.integrations.sglang``) in a scheduler-shaped loop (section
+``sglang_loop``, at the end of this file).
 
 Needs SGLang 0.5.23 importable (its own ~2.5 GB environment; recipe in
-``../shared/anchors/sglang-cpu.md``), so it is not part of CI:
+``docs/guide/sglang.md``), so it is not part of CI:
 
-    /tmp/sgl-venv/bin/python asv_bench/bench.py sglang
+    /tmp/sgl-venv/bin/python asv_bench/bench.py sglang sglang_loop
 
 Same keys, values and order for both. SGLang's ``RadixKey`` and ``*Params``
 are built inside the timed loop (that is its public API); its keys are
@@ -249,3 +252,247 @@ def run(repeat=3):
         print("  the Mooncake traces are not present: the conversation-id rows are skipped")
         return
     S = compare(sg, "Mooncake conversation trace (hash ids as tokens)", mc, repeat)
+
+
+# ---------------------------------------------------------------------- the scheduler loop
+# ``python asv_bench/bench.py sglang_loop``: requests served the way SGLang
+# 0.5.23's scheduler serves them, on SGLang's RadixCache and on radix_soa's
+# SGLang cache (radix_soa.integrations.sglang), same requests, same order.
+
+def import_sglang_loop():
+    """What the loop needs beyond ``import_sglang``, or None without SGLang."""
+    sg = import_sglang()
+    if sg is None:
+        return None
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    from radix_soa.integrations.sglang import SGLangPrefixCache
+
+    sg.__dict__.update(ReqKvInfo=ReqKvInfo, PagedAllocator=PagedTokenToKVPoolAllocator,
+                       TokenAllocator=TokenToKVPoolAllocator, CacheInitParams=CacheInitParams,
+                       ReqToTokenPool=ReqToTokenPool, SGLangPrefixCache=SGLangPrefixCache)
+    return sg
+
+
+class SchedulerLoop:
+    """One cache driven as SGLang's scheduler drives it, with SGLang's own
+    ``ReqToTokenPool`` and token allocator (its size is the capacity):
+
+    a request arrives -> ``match_prefix`` -> ``lock`` its node -> a row, the
+    prefix's slots into it (``prefix_device_indices``) -> the prompt computed
+    in chunks, new slots from the allocator (which evicts through the cache
+    when full: SGLang's ``evict_to_free_tokens``), a ``checkpoint`` after each
+    chunk but the last (chunked prefill: ``cache_unfinished_req``) -> the
+    outputs decoded -> finished: ``checkpoint`` of prompt + outputs, its own
+    slots freed (``free_kv_row``), ``unlock``, the row freed
+    (``cache_finished_req``). ``window`` requests are in flight at a time."""
+
+    def __init__(self, sg, kind, page_size, capacity, window, chunk, max_len):
+        self.sg, self.page_size, self.window, self.chunk = sg, page_size, window, chunk
+        torch = sg.torch
+        self.pool = sg.ReqToTokenPool(size=window + 1, max_context_len=max_len, device="cpu",
+                                      enable_memory_saver=False)
+        if page_size == 1:
+            self.alloc = sg.TokenAllocator(size=capacity, dtype=torch.float16, device="cpu",
+                                           kvcache=None, need_sort=False)
+        else:
+            self.alloc = sg.PagedAllocator(size=capacity, page_size=page_size,
+                                           dtype=torch.float16, device="cpu", kvcache=None,
+                                           need_sort=False)
+        params = sg.CacheInitParams(disable=False, req_to_token_pool=self.pool,
+                                    token_to_kv_pool_allocator=self.alloc, page_size=page_size)
+        cls = sg.RadixCache if kind == "sglang" else sg.SGLangPrefixCache
+        self.cache = cls(params)
+        self.hit = self.asked = 0
+        self.in_cache = 0.0  # seconds inside the cache's methods (outermost calls)
+        self._depth = 0
+        for name in ("match_prefix", "lock", "unlock", "prefix_device_indices", "checkpoint",
+                     "free_kv_row", "evict", "evict_for_alloc"):
+            setattr(self.cache, name, self._timed(getattr(self.cache, name)))
+
+    def _timed(self, method):
+        """``method`` with its time added to ``in_cache`` (a call made from
+        inside another timed call is not counted twice): the same wrapper on
+        both caches, so both pay its ~0.3 µs a call."""
+        clock = time.perf_counter
+
+        def timed(*args, **kwargs):
+            self._depth += 1
+            t0 = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.in_cache += clock() - t0
+        return timed
+
+    def _slots(self, n):
+        slots = self.alloc.alloc(n)
+        if slots is None:
+            self.alloc.evict_to_free_tokens(self.cache, n)
+            slots = self.alloc.alloc(n)
+            if slots is None:
+                raise RuntimeError("the capacity cannot hold the requests in flight")
+        return slots
+
+    def _fill(self, req, start, end):
+        """New slots for positions [start, end) of the request's row: the
+        rest of its partial last page first, then whole new pages."""
+        row = self.pool.req_to_token[req.kv.req_pool_idx]
+        ps, pos = self.page_size, start
+        if ps > 1 and pos % ps and pos < end:
+            k = min(end, pos + ps - pos % ps) - pos
+            base = int(row[pos - 1]) + 1
+            row[pos:pos + k] = self.sg.torch.arange(base, base + k)
+            pos += k
+        if pos < end:
+            n = end - pos
+            row[pos:end] = self._slots(-(-n // ps) * ps)[:n]
+
+    def admit(self, prompt):
+        sg, cache = self.sg, self.cache
+        req = types.SimpleNamespace(kv=sg.ReqKvInfo(), full_untruncated_fill_ids=array("q", prompt),
+                                    origin_input_ids=prompt, extra_key=None, cache_salt=None,
+                                    priority=0, lock=None, last_node=None, prefix_len=0)
+        m = cache.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(req.full_untruncated_fill_ids)))
+        req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
+        req.kv.cache_protected_len = req.prefix_len
+        req.lock = cache.lock(req.last_node)
+        req.kv.req_pool_idx = self.pool.alloc_rows(1)[0]
+        if req.prefix_len:
+            self.pool.req_to_token[req.kv.req_pool_idx, :req.prefix_len] = \
+                cache.prefix_device_indices(req)
+        self.hit += req.prefix_len
+        self.asked += len(prompt)
+        n, pos = len(prompt), req.prefix_len
+        while pos < n:
+            end = min(pos + self.chunk, n)
+            self._fill(req, pos, end)
+            pos = end
+            if end < n:
+                cache.checkpoint(req, up_to=end)
+        return req
+
+    def finish(self, req, outputs):
+        cache = self.cache
+        req.full_untruncated_fill_ids.extend(outputs)
+        n = len(req.origin_input_ids) + len(outputs) - 1  # the last output's KV is never computed
+        self._fill(req, len(req.origin_input_ids), n)
+        cache.checkpoint(req, up_to=n)
+        cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
+        cache.unlock(req.lock)
+        req.lock = None
+        self.pool.free_rows([req.kv.req_pool_idx])
+
+    def run(self, prompts, outputs):
+        running = []
+        for prompt, out in zip(prompts, outputs):
+            running.append((self.admit(prompt), out))
+            if len(running) == self.window:
+                self.finish(*running.pop(0))
+        for req, out in running:
+            self.finish(req, out)
+
+    def leak_free(self):
+        """SGLang's idle check: every slot free, evictable or protected."""
+        return (self.alloc.available_size() + self.cache.evictable_size()
+                + self.cache.protected_size() == self.alloc.size)
+
+
+def _distinct_tokens(prompts, outputs, page_size):
+    """Tokens an unbounded cache would end up holding: every request's prompt
+    and computed outputs, shared prefixes once, whole pages."""
+    import radix_soa as rs
+
+    pc = rs.PrefixCache(values=False, page_size=page_size)
+    for p, o in zip(prompts, outputs):
+        pc.insert(np.concatenate([np.asarray(p, np.int64), np.asarray(o[:-1], np.int64)]))
+    return pc.total_tokens
+
+
+def _loop_row(sg, name, prompts, outputs, page_size, fraction, repeat, window=8, chunk=256):
+    unique = _distinct_tokens(prompts, outputs, page_size)
+    longest = max(len(p) + len(o) for p, o in zip(prompts, outputs))
+    # the requests in flight must fit, whatever the fraction
+    capacity = max(int(unique * fraction), window * (longest + 2 * page_size))
+    capacity -= capacity % page_size
+    for kind in ("sglang", "radix_soa"):  # compile (or load) the kernels before timing
+        SchedulerLoop(sg, kind, page_size, capacity, window, chunk,
+                      longest + page_size).run(prompts[:20], outputs[:20])
+    walls = {"sglang": [], "radix_soa": []}
+    cpus = {"sglang": [], "radix_soa": []}
+    inside = {"sglang": [], "radix_soa": []}
+    hits = {}
+    for r in range(repeat):
+        for kind in (("sglang", "radix_soa") if r % 2 == 0 else ("radix_soa", "sglang")):
+            loop = SchedulerLoop(sg, kind, page_size, capacity, window, chunk, longest + page_size)
+            c0, t0 = time.process_time(), time.perf_counter()
+            loop.run(prompts, outputs)
+            walls[kind].append(time.perf_counter() - t0)
+            cpus[kind].append(time.process_time() - c0)
+            inside[kind].append(loop.in_cache)
+            if not loop.leak_free():
+                raise AssertionError(f"{kind}: slots leaked in the {name} loop")
+            hits[kind] = loop.hit / loop.asked
+    n = len(prompts)
+    ours, theirs = statistics.median(walls["radix_soa"]), statistics.median(walls["sglang"])
+    ours_in, theirs_in = (statistics.median(inside["radix_soa"]),
+                          statistics.median(inside["sglang"]))
+    print(f"\n  {name}: {n:,} requests, page size {page_size}, capacity {capacity:,} tokens "
+          f"({capacity / unique:.0%} of the {unique:,} an unbounded cache holds), {window} in flight, chunks of {chunk}")
+    for label, kind, wall, cache_s in (("SGLang RadixCache", "sglang", theirs, theirs_in),
+                                       ("radix_soa", "radix_soa", ours, ours_in)):
+        print(f"    {label:<18} {n / wall:9,.0f} requests/s   {cache_s / n * 1e6:8.1f} µs a request "
+              f"in the cache   hit rate {hits[kind]:.3f}")
+    print(f"    ratio {theirs / ours:.2f}x requests/s (cpu "
+          f"{min(cpus['sglang']) / min(cpus['radix_soa']):.2f}x), {theirs_in / ours_in:.2f}x "
+          f"time in the cache; median of {repeat} interleaved runs. The rest of the loop is "
+          "SGLang's own allocator and request-pool tensor work, the same on both sides")
+
+
+def _generated(n, seed=0, out_len=16):
+    import radix_soa as rs
+
+    seqs = rs.workloads.generate("multi_turn", n=n)
+    rng = np.random.default_rng(seed)
+    prompts = [array("q", np.asarray(s, np.int64).tolist()) for s in seqs]
+    outputs = [rng.integers(0, 32_000, out_len).tolist() for _ in prompts]
+    return prompts, outputs
+
+
+def _mooncake(limit):
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from benchmarks import common
+
+    trace = common.mooncake_conversation()
+    if trace is None:
+        return None
+    n = min(limit, len(trace))
+    prompts = [array("q", np.asarray(trace[i], np.int64).tolist()) for i in range(n)]
+    # outputs in blocks of 512 tokens, as the trace's ids are; ids of their own (negative)
+    blocks = [max(1, int(trace.output_tokens[i]) // 512) for i in range(n)]
+    outputs = [[-(i * 64 + k) - 1 for k in range(b)] for i, b in enumerate(blocks)]
+    return prompts, outputs
+
+
+def run_loop(repeat=3, quick=False):
+    sg = import_sglang_loop()
+    print("\n[sglang_loop] a scheduler-shaped loop on SGLang 0.5.23's RadixCache and on "
+          "radix_soa.integrations.sglang (requests/s, higher is better)")
+    if sg is None:
+        print("  SGLang is not importable here: skipped (see docs/guide/sglang.md)")
+        return
+    gen = _generated(30 if quick else 150)
+    _loop_row(sg, "generated multi-turn chat", *gen, page_size=1, fraction=0.25, repeat=repeat)
+    _loop_row(sg, "generated multi-turn chat", *gen, page_size=16, fraction=0.25, repeat=repeat)
+    mc = _mooncake(600 if quick else 4000)
+    if mc is None:
+        print("  the Mooncake traces are not present: the trace row is skipped")
+        return
+    _loop_row(sg, "Mooncake conversation trace (hash ids as tokens)", *mc, page_size=1,
+              fraction=0.25, repeat=repeat)

@@ -1,0 +1,327 @@
+"""The SGLang side of ``radix_soa.integrations.sglang``: SGLang 0.5.23's own
+classes when SGLang is installed, stand-ins with the same names and the
+fields the adapter reads when it is not, and the conversions at the
+boundary (torch index tensors <-> NumPy int64, a ``RadixKey``'s tokens and
+namespace, KV events).
+
+With SGLang installed the adapter is an SGLang ``BasePrefixCache`` that
+takes and returns SGLang's own objects (``RadixKey``, ``MatchPrefixParams``,
+``MatchResult`` ...) and torch tensors. Without it, the same adapter runs on
+the stand-ins below and NumPy arrays (torch tensors when torch alone is
+installed), so its logic is tested in the project's own suite; an SGLang
+scheduler always sees the first form. An SGLang that is installed but lacks
+the 0.5.23 interface is an ``ImportError`` naming what is missing, never a
+silent fall back to the stand-ins.
+
+>>> from array import array
+>>> tokens_of(RadixKey(array("q", [1, 2, 3]), limit=2)).tolist()
+[1, 2]
+>>> namespace_of(None, None) is None, namespace_of("lora-7", None)
+(True, '["lora-7", null]')
+"""
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+from array import array
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["HAVE_SGLANG", "HAVE_TORCH", "BasePrefixCache", "RadixKey", "MatchPrefixParams",
+           "InsertParams", "EvictParams", "MatchResult", "InsertResult", "EvictResult",
+           "IncLockRefResult", "DecLockRefResult", "TreeLock", "tokens_of", "namespace_of",
+           "as_int64", "host_array", "index_tensor", "sglang_events"]
+
+#: SGLang (and torch) are looked up, not imported, to decide: an installed
+#: SGLang that fails to import raises, it does not turn into the stand-ins.
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+HAVE_TORCH = HAVE_SGLANG or importlib.util.find_spec("torch") is not None
+
+#: What the adapter imports from SGLang, by module (SGLang 0.5.23's layout).
+SGLANG_NAMES = {
+    "sglang.srt.mem_cache.base_prefix_cache": (
+        "BasePrefixCache", "MatchPrefixParams", "InsertParams", "EvictParams", "MatchResult",
+        "InsertResult", "EvictResult", "IncLockRefResult", "DecLockRefResult", "TreeLock"),
+    "sglang.srt.mem_cache.radix_cache": ("RadixKey",),
+    "sglang.srt.disaggregation.kv_events": ("BlockStored", "BlockRemoved", "AllBlocksCleared",
+                                            "StorageMedium"),
+}
+
+
+def load_sglang() -> Dict[str, Any]:
+    """SGLang's classes the adapter uses, by name, or ``ImportError`` naming
+    the first one this SGLang lacks (another version's layout)."""
+    found = {}
+    for module, names in SGLANG_NAMES.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is not None and not module.startswith(e.name):
+                raise  # a dependency of SGLang is missing: say that, not "wrong version"
+            raise ImportError(_wrong_version(f"module {module}")) from e
+        for name in names:
+            if not hasattr(mod, name):
+                raise ImportError(_wrong_version(f"{module}.{name}"))
+            found[name] = getattr(mod, name)
+    return found
+
+
+def _wrong_version(what):
+    try:
+        version = importlib.import_module("sglang").__version__
+    except Exception:  # any failure to read it: the message still names what is missing
+        version = "unknown"
+    return (f"radix_soa.integrations.sglang is written for SGLang 0.5.23's prefix-cache "
+            f"interface; the installed SGLang (version {version}) has no {what}")
+
+
+# ------------------------------------------------------------------ stand-ins
+class _RadixKey:
+    """SGLang's ``RadixKey`` as the adapter reads it: ``token_ids`` (an
+    ``array('q')``, a list or an int array), the namespace tags ``extra_key``
+    and ``cache_salt``, a raw-token ``limit``; ``is_bigram`` keys (EAGLE) are
+    refused by the adapter."""
+
+    __slots__ = ("token_ids", "extra_key", "cache_salt", "is_bigram", "limit")
+
+    def __init__(self, token_ids: Any, extra_key: Optional[str] = None, is_bigram: bool = False,
+                 limit: Optional[int] = None, cache_salt: Optional[str] = None) -> None:
+        self.token_ids = token_ids
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt or None
+        self.is_bigram = is_bigram
+        self.limit = limit
+
+    def __len__(self) -> int:
+        n = len(self.token_ids)
+        return n if self.limit is None else min(n, self.limit)
+
+
+@dataclasses.dataclass
+class _MatchPrefixParams:
+    key: Any
+    cow_mamba: bool = False
+    req: Any = None
+
+
+@dataclasses.dataclass
+class _InsertParams:
+    key: Any = None
+    value: Any = None
+    priority: int = 0
+    inserted_len: int = 0
+
+
+@dataclasses.dataclass
+class _EvictParams:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0
+    mamba_num: int = 0
+
+
+class _MatchResult(NamedTuple):
+    device_prefix_len: int
+    last_device_node: Any
+    last_host_node: Any
+    best_match_node: Any
+    host_hit_length: int = 0
+
+
+@dataclasses.dataclass
+class _InsertResult:
+    prefix_len: int
+    total_len: int = 0
+    last_device_node: Any = None
+
+
+@dataclasses.dataclass
+class _EvictResult:
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
+
+
+@dataclasses.dataclass
+class _DecLockRefResult:
+    delta: Optional[int] = None
+
+
+@dataclasses.dataclass
+class _IncLockRefResult:
+    delta: Optional[int] = None
+
+    def to_dec_params(self) -> None:
+        return None
+
+
+@dataclasses.dataclass
+class _TreeLock:
+    node: Any
+    receipt: Any = None
+    swa_released: bool = False
+
+
+class _PlainBase:
+    """What SGLang's ``BasePrefixCache`` gives the adapter besides the
+    abstract methods: a lock is ``inc_lock_ref`` with a receipt, ``unlock``
+    its release (``None``: no lock), the prefix indices of a request."""
+
+    metrics_collector = None
+
+    def lock(self, node: Any) -> Any:
+        return _TreeLock(node, self.inc_lock_ref(node).to_dec_params())  # type: ignore[attr-defined]
+
+    def unlock(self, lock: Any) -> None:
+        if lock is not None:
+            self.dec_lock_ref(lock.node, lock.receipt)  # type: ignore[attr-defined]
+
+    def prefix_device_indices(self, req: Any) -> Any:
+        return self.path_device_indices(req.last_node)[:req.prefix_len]  # type: ignore[attr-defined]
+
+    def update_eviction_metrics(self, num_evicted: int, start_time: float) -> None:
+        pass
+
+
+_STAND_INS: Dict[str, Any] = {
+    "BasePrefixCache": _PlainBase, "RadixKey": _RadixKey,
+    "MatchPrefixParams": _MatchPrefixParams, "InsertParams": _InsertParams,
+    "EvictParams": _EvictParams, "MatchResult": _MatchResult, "InsertResult": _InsertResult,
+    "EvictResult": _EvictResult, "IncLockRefResult": _IncLockRefResult,
+    "DecLockRefResult": _DecLockRefResult, "TreeLock": _TreeLock,
+    "BlockStored": None, "BlockRemoved": None, "AllBlocksCleared": None, "StorageMedium": None,
+}
+
+_NAMES = load_sglang() if HAVE_SGLANG else _STAND_INS
+BasePrefixCache: Any = _NAMES["BasePrefixCache"]
+RadixKey: Any = _NAMES["RadixKey"]
+MatchPrefixParams: Any = _NAMES["MatchPrefixParams"]
+InsertParams: Any = _NAMES["InsertParams"]
+EvictParams: Any = _NAMES["EvictParams"]
+MatchResult: Any = _NAMES["MatchResult"]
+InsertResult: Any = _NAMES["InsertResult"]
+EvictResult: Any = _NAMES["EvictResult"]
+IncLockRefResult: Any = _NAMES["IncLockRefResult"]
+DecLockRefResult: Any = _NAMES["DecLockRefResult"]
+TreeLock: Any = _NAMES["TreeLock"]
+
+if HAVE_TORCH:
+    import torch
+else:
+    torch = None
+
+
+# ------------------------------------------------------------------ conversions
+_EMPTY = np.empty(0, np.int64)
+
+
+def tokens_of(key: Any) -> np.ndarray:
+    """The tokens of a ``RadixKey`` (its ``limit`` applied) as int64, a view
+    of an ``array('q')`` (no copy). The view must not outlive the call that
+    takes it: SGLang extends its token arrays in place, which a live view
+    forbids (``BufferError``)."""
+    t = key.token_ids
+    if type(t) is array and t.itemsize == 8 and t.typecode in "ql":
+        q = np.frombuffer(t, np.int64) if len(t) else _EMPTY
+    else:
+        q = as_int64(t, "key.token_ids")
+    if getattr(key, "is_bigram", False):
+        raise ValueError("key.is_bigram: EAGLE's bigram keys are not supported by radix_soa's "
+                         "SGLang cache; run without EAGLE speculative decoding")
+    limit = getattr(key, "limit", None)
+    if limit is not None and limit < q.shape[0]:
+        q = q[:max(limit, 0)]
+    return q
+
+
+def as_int64(x: Any, what: str = "value") -> np.ndarray:
+    """``x`` (a torch tensor on any device, a NumPy array, a list) as a 1-D
+    int64 NumPy array; a CPU tensor or array of int64 is not copied."""
+    a = host_array(x)
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be 1-D; got {a.ndim}-D")
+    if a.dtype != np.int64:
+        if a.size and a.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers; got {a.dtype}")
+        a = a.astype(np.int64)
+    return a
+
+
+def host_array(x: Any) -> np.ndarray:
+    """A tensor's (or array's) data as a NumPy array in host memory: a view
+    of a CPU tensor, a copy of a device one."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            x = x.cpu()
+        return x.detach().numpy() if x.requires_grad else x.numpy()
+    return np.asarray(x)
+
+
+def index_tensor(values: np.ndarray, device: Any) -> Any:
+    """int64 indices as SGLang takes them: a torch tensor on ``device``
+    (``None``: the CPU), or the NumPy array itself without torch."""
+    if torch is None:
+        return values
+    if not values.flags.writeable:  # a shared read-only answer (an empty match)
+        values = values.copy()
+    t = torch.from_numpy(values)
+    return t if device is None else t.to(device)
+
+
+_NAMESPACES: Dict[Tuple[Any, Any], str] = {}  # namespace_of's answers so far (bounded)
+
+
+def namespace_of(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
+    """The ``PrefixCache`` namespace of SGLang's two namespace tags: ``None``
+    (the default namespace) when both are ``None``, else one string per pair
+    (so ``extra_key=""`` and ``None`` stay apart, as in SGLang)."""
+    if extra_key is None and cache_salt is None:
+        return None
+    pair = (extra_key, cache_salt)
+    ns = _NAMESPACES.get(pair)
+    if ns is None:
+        ns = json.dumps([extra_key, cache_salt])
+        if len(_NAMESPACES) < 1 << 16:
+            _NAMESPACES[pair] = ns
+    return ns
+
+
+def tags_of(namespace: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """``(extra_key, cache_salt)`` of a namespace ``namespace_of`` made."""
+    if namespace is None:
+        return None, None
+    extra_key, cache_salt = json.loads(namespace)
+    return extra_key, cache_salt
+
+
+def _signed(h: Optional[int]) -> Optional[int]:
+    """A 64-bit page hash as SGLang's events carry it: a signed int64."""
+    return None if h is None or h < 1 << 63 else h - (1 << 64)
+
+
+def sglang_events(events: list, lora_names: Any = None) -> list:
+    """radix_soa's KV events as SGLang's own event objects (what SGLang's
+    KV-event publisher sends), or unchanged when SGLang is not installed.
+    The page hashes are radix_soa's (see ``PrefixCache(events=True)``), as
+    signed int64s, not the ones SGLang's ``RadixCache`` computes."""
+    if not HAVE_SGLANG:
+        return events
+    stored, removed, cleared = (_NAMES["BlockStored"], _NAMES["BlockRemoved"],
+                                _NAMES["AllBlocksCleared"])
+    gpu = _NAMES["StorageMedium"].GPU
+    out: list = []
+    for e in events:
+        kind = type(e).__name__
+        if kind == "BlockStored":
+            extra_key, cache_salt = tags_of(e.lora_name)
+            name = lora_names.get(extra_key) if lora_names is not None and extra_key else None
+            out.append(stored(block_hashes=[_signed(h) for h in e.block_hashes],
+                              parent_block_hash=_signed(e.parent_block_hash),
+                              token_ids=list(e.token_ids), block_size=e.block_size,
+                              lora_id=None, medium=gpu, cache_salt=cache_salt, lora_name=name))
+        elif kind == "BlockRemoved":
+            out.append(removed(block_hashes=[_signed(h) for h in e.block_hashes], medium=gpu))
+        else:
+            out.append(cleared())
+    return out

@@ -1,0 +1,294 @@
+"""radix_soa's SGLang cache on plain objects: its own logic (keys to tokens
+and namespaces, page alignment, a request's checkpoint rewriting its row and
+moving its lock, slots handed to the allocator, refusals), run by the
+project's suite without SGLang or torch. The same tests pass with SGLang
+installed (the adapter then takes and returns SGLang's own classes and torch
+tensors); ``tests/test_sglang_adapter.py`` compares it with SGLang's cache.
+"""
+
+import subprocess
+import sys
+import tomllib
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import sglang_env
+
+sglang_env.prepare()  # with SGLang installed these tests run on its classes
+
+from radix_soa.integrations import _sglang_types as types_  # noqa: E402
+from radix_soa.integrations import sglang as adapter  # noqa: E402
+from radix_soa.integrations.sglang import (EvictParams, InsertParams,  # noqa: E402
+                                           MatchPrefixParams, Node, RadixKey,
+                                           SGLangPrefixCache)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def key(tokens, extra_key=None, **kw):
+    return RadixKey(array("q", tokens), extra_key, **kw)
+
+
+def insert(cache, tokens, values=None, extra_key=None):
+    value = None if values is None else np.array(values, np.int64)
+    return cache.insert(InsertParams(key=key(tokens, extra_key), value=value))
+
+
+def match(cache, tokens, extra_key=None):
+    m = cache.match_prefix(MatchPrefixParams(key=key(tokens, extra_key)))
+    return (m.device_prefix_len,
+            np.asarray(cache.path_device_indices(m.last_device_node)).tolist(),
+            m.last_device_node)
+
+
+class Allocator:
+    """Records ``free_segment`` calls: ``(slots, start_pos)``."""
+
+    device = "cpu"
+
+    def __init__(self):
+        self.calls = []
+
+    def free_segment(self, idx, start_pos):
+        self.calls.append((np.asarray(idx).tolist(), start_pos))
+
+
+class Pool:
+    """SGLang's ``ReqToTokenPool`` as a cache uses it."""
+
+    def __init__(self, rows, width):
+        self.req_to_token = np.zeros((rows, width), np.int64)
+
+    def write(self, where, values):
+        self.req_to_token[where] = np.asarray(values)
+
+
+def cache_with_pools(page_size=1, **kw):
+    alloc, pool = Allocator(), Pool(2, 16)
+    params = SimpleNamespace(disable=False, req_to_token_pool=pool,
+                             token_to_kv_pool_allocator=alloc, page_size=page_size, **kw)
+    return SGLangPrefixCache(params), alloc, pool
+
+
+def request(tokens, row_slots, pool, prompt_len=None):
+    """A request as ``checkpoint`` reads it, its row holding ``row_slots``."""
+    pool.req_to_token[0, :len(row_slots)] = row_slots
+    kv = SimpleNamespace(req_pool_idx=0, cache_protected_len=0, cache_inserted_len=0,
+                         swa_evict_floor=0)
+    return SimpleNamespace(kv=kv, full_untruncated_fill_ids=array("q", tokens),
+                           origin_input_ids=array("q", tokens[:prompt_len or len(tokens)]),
+                           extra_key=None, cache_salt=None, priority=0, lock=None,
+                           last_node=None)
+
+
+def test_match_insert_and_sizes():
+    c = SGLangPrefixCache.create_simulated()
+    assert insert(c, [1, 2, 3], [10, 11, 12]).prefix_len == 0
+    assert insert(c, [1, 2, 3, 4], [20, 21, 22, 23]).prefix_len == 3
+    assert match(c, [1, 2, 3, 4, 9])[:2] == (4, [10, 11, 12, 23])
+    assert match(c, [1, 2, 7])[:2] == (2, [10, 11])
+    assert (c.evictable_size(), c.protected_size(), c.total_size()) == (4, 0, 4)
+    assert match(c, [])[:2] == (0, []) and match(c, [8])[:2] == (0, [])
+
+
+def test_keys_limits_and_namespaces():
+    c = SGLangPrefixCache.create_simulated()
+    insert(c, [1, 2, 3], [10, 11, 12], extra_key="lora-a")
+    assert match(c, [1, 2, 3])[0] == 0
+    assert match(c, [1, 2, 3], extra_key="lora-a")[:2] == (3, [10, 11, 12])
+    m = c.match_prefix(MatchPrefixParams(key=key([1, 2, 3], "lora-a", limit=2)))
+    assert m.device_prefix_len == 2  # a key's limit caps what it matches
+    salted = key([1, 2, 3], "lora-a", cache_salt="tenant")
+    assert c.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
+    assert types_.namespace_of("", None) != types_.namespace_of(None, None)
+    assert types_.tags_of(types_.namespace_of("x", "y")) == ("x", "y")
+
+
+def test_pages():
+    c = SGLangPrefixCache.create_simulated(page_size=4)
+    r = insert(c, list(range(10)), list(range(100, 110)))
+    assert r.prefix_len == 0 and c.total_size() == 8  # the partial page is not cached
+    assert np.asarray(c.path_device_indices(r.last_device_node)).tolist() == list(range(100, 108))
+    assert match(c, list(range(7)) + [99])[0] == 4
+    assert match(c, [0, 1, 2])[:2] == (0, [])
+
+
+def test_checkpoint_frees_duplicates_rewrites_the_row_and_moves_the_lock():
+    c, alloc, pool = cache_with_pools()
+    insert(c, [1, 2, 3], [50, 51, 52])
+    req = request([1, 2, 3, 4, 5], [10, 11, 12, 13, 14], pool)
+    c.checkpoint(req, up_to=5)
+    assert alloc.calls == [([10, 11, 12], 0)]  # the request's copies of tokens cached before
+    assert pool.req_to_token[0, :5].tolist() == [50, 51, 52, 13, 14]
+    assert req.kv.cache_protected_len == 5 and req.kv.cache_inserted_len == 5
+    assert isinstance(req.last_node, Node) and c.protected_size() == 5
+    first = req.lock
+    req.full_untruncated_fill_ids.extend([6, 7])  # decoded two more: no view holds the array
+    pool.req_to_token[0, 5:7] = [15, 16]
+    c.checkpoint(req, up_to=7)
+    assert alloc.calls[1:] == []  # nothing of this request was cached by another
+    assert req.kv.cache_protected_len == 7 and req.lock is not first
+    assert c.protected_size() == 7 and c.evictable_size() == 0
+    c.unlock(req.lock)
+    assert c.evictable_size() == 7
+    assert match(c, [1, 2, 3, 4, 5, 6, 7])[:2] == (7, [50, 51, 52, 13, 14, 15, 16])
+
+
+def test_checkpoint_refuses_a_bad_up_to_and_changes_nothing():
+    c, alloc, pool = cache_with_pools()
+    req = request([1, 2, 3], [10, 11, 12], pool)
+    for bad, exc in ((-1, ValueError), (2.0, TypeError), (None, TypeError)):
+        with pytest.raises(exc, match="up_to"):
+            c.checkpoint(req, up_to=bad)
+    assert c.total_size() == 0 and alloc.calls == [] and req.lock is None
+
+
+def test_checkpoint_with_pages_keeps_the_partial_page_for_the_request():
+    c, alloc, pool = cache_with_pools(page_size=2)
+    insert(c, [1, 2], [40, 41])
+    req = request([1, 2, 3, 4, 5], [20, 21, 22, 23, 24], pool)
+    c.checkpoint(req, up_to=5)
+    assert alloc.calls == [([20, 21], 0)]
+    assert pool.req_to_token[0, :5].tolist() == [40, 41, 22, 23, 24]
+    assert req.kv.cache_protected_len == 4 and c.total_size() == 4
+
+
+def test_checkpoint_of_a_disabled_cache_changes_nothing():
+    alloc, pool = Allocator(), Pool(1, 8)
+    c = SGLangPrefixCache(SimpleNamespace(disable=True, req_to_token_pool=pool,
+                                          token_to_kv_pool_allocator=alloc, page_size=1))
+    req = request([1, 2, 3], [5, 6, 7], pool)
+    c.checkpoint(req, up_to=3)
+    assert insert(c, [1, 2], [1, 2]).prefix_len == 0 and c.total_size() == 0
+    assert alloc.calls == [] and req.kv.cache_protected_len == 0 and req.lock is None
+    assert c.evict(EvictParams(num_tokens=5)).num_tokens_evicted == 0
+    assert c.inc_lock_ref(c.root_node).delta == 0 and not c.supports_prefix_sharing()
+
+
+def test_evict_hands_whole_pages_to_the_allocator():
+    c, alloc, _ = cache_with_pools(page_size=2)
+    insert(c, [1, 2, 3, 4], [10, 11, 12, 13])
+    insert(c, [1, 2, 5, 6], [10, 11, 30, 31])
+    lock = c.lock(match(c, [1, 2, 5, 6])[2])
+    assert c.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 2  # one page
+    assert alloc.calls == [([12, 13], 0)]
+    assert c.evict(EvictParams(num_tokens=10)).num_tokens_evicted == 0  # the rest is locked
+    c.unlock(lock)
+    assert c.evict(EvictParams(num_tokens=10)).num_tokens_evicted == 4
+    assert sorted(alloc.calls[1][0]) == [10, 11, 30, 31]
+
+
+def test_lock_deltas_and_refusals():
+    c = SGLangPrefixCache.create_simulated()
+    insert(c, [1, 2, 3], [1, 2, 3])
+    node = match(c, [1, 2])[2]
+    assert c.inc_lock_ref(node).delta == -2 and c.dec_lock_ref(node).delta == 2
+    with pytest.raises(ValueError, match="not locked"):
+        c.dec_lock_ref(node)
+    with pytest.raises(TypeError, match="node must be a Node"):
+        c.inc_lock_ref(node.handle)
+    assert c.inc_lock_ref(c.root_node).delta == 0  # the root: nothing to protect
+    c.evict(EvictParams(num_tokens=3))
+    with pytest.raises(ValueError, match="live node"):
+        c.inc_lock_ref(node)
+    assert c.total_size() == 0
+
+
+def test_bad_input_is_refused_and_changes_nothing():
+    with pytest.raises(ValueError, match="is_eagle"):
+        SGLangPrefixCache(SimpleNamespace(disable=False, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=None, page_size=1,
+                                          is_eagle=True))
+    with pytest.raises(ValueError, match="eviction_policy_config"):
+        SGLangPrefixCache(SimpleNamespace(disable=False, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=None, page_size=1,
+                                          eviction_policy_config={"x": 1}))
+    with pytest.raises(ValueError, match="eviction_policy"):
+        SGLangPrefixCache.create_simulated(eviction_policy="tlru")
+    with pytest.raises(ValueError, match="page_size"):
+        SGLangPrefixCache.create_simulated(page_size=0)
+    c = SGLangPrefixCache.create_simulated()
+    with pytest.raises(ValueError, match="is_bigram"):
+        c.match_prefix(MatchPrefixParams(key=key([1, 2, 3], is_bigram=True)))
+    with pytest.raises(ValueError, match="params.value has 2 indices for the key's 3"):
+        insert(c, [1, 2, 3], [1, 2])
+    with pytest.raises(TypeError, match="params.value must hold integers"):
+        c.insert(InsertParams(key=key([1, 2]), value=np.array([1.5, 2.5])))
+    assert c.total_size() == 0
+
+
+def test_priorities_outside_prefix_caches_range_are_clipped():
+    c = SGLangPrefixCache.create_simulated(eviction_policy="priority")
+    c.insert(InsertParams(key=key([1, 2]), value=np.array([1, 2]), priority=10**12))
+    c.insert(InsertParams(key=key([3, 4]), value=np.array([3, 4]), priority=-10**12))
+    assert c.evict(EvictParams(num_tokens=2)).num_tokens_evicted == 2
+    assert match(c, [1, 2])[0] == 2 and match(c, [3, 4])[0] == 0  # lowest priority first
+
+
+def test_events_and_their_kinds():
+    c = SGLangPrefixCache.create_simulated(page_size=2, enable_kv_cache_events=True,
+                                           mock_allocator=Allocator())
+    insert(c, [1, 2, 3, 4], [1, 2, 3, 4])
+    c.evict(EvictParams(num_tokens=4))
+    kinds = [type(e).__name__ for e in c.take_events()]
+    assert kinds == ["AllBlocksCleared", "BlockStored", "BlockRemoved"]
+    assert c.take_events() == []
+    assert SGLangPrefixCache.create_simulated().take_events() == []
+
+
+def test_touch_prefix_refreshes_without_splitting():
+    c, alloc, _ = cache_with_pools()
+    insert(c, [1, 2, 3], [1, 2, 3])
+    insert(c, [7, 8], [7, 8])
+    c.touch_prefix(key([1, 2]))
+    assert c.prefix_cache.num_nodes == 2
+    c.evict(EvictParams(num_tokens=2))
+    assert alloc.calls == [([7, 8], 0)]  # [1, 2, 3] was used more recently
+
+
+@pytest.mark.skipif(types_.HAVE_SGLANG, reason="checks the answers without SGLang")
+def test_without_sglang_the_sglang_only_parts_say_so():
+    with pytest.raises(ImportError, match="SGLang is not installed"):
+        adapter.install()
+    c = SGLangPrefixCache.create_simulated()
+    with pytest.raises(ImportError, match="install SGLang 0.5.23"):
+        c.cache_finished_req(SimpleNamespace())
+
+
+def test_an_sglang_of_another_layout_is_named(tmp_path):
+    """An installed SGLang without 0.5.23's interface: an ImportError naming
+    what is missing, never the stand-ins."""
+    fake = tmp_path / "sglang"
+    (fake / "srt" / "mem_cache").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.4.0'\n")
+    (fake / "srt" / "__init__.py").write_text("")
+    (fake / "srt" / "mem_cache" / "__init__.py").write_text("")
+    (fake / "srt" / "mem_cache" / "base_prefix_cache.py").write_text("class BasePrefixCache:\n"
+                                                                     "    pass\n")
+    code = "import radix_soa.integrations.sglang"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1
+    assert ("ImportError: radix_soa.integrations.sglang is written for SGLang 0.5.23's "
+            "prefix-cache interface; the installed SGLang (version 0.4.0) has no "
+            "sglang.srt.mem_cache.base_prefix_cache.MatchPrefixParams") in r.stderr
+
+
+def test_the_package_declares_the_plugin_and_the_extra():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["entry-points"]["sglang.srt.plugins"] == {
+        "radix_soa": "radix_soa.integrations.sglang:install"}
+    assert any(d.startswith("torch") for d in meta["optional-dependencies"]["sglang"])
+
+
+def test_import_radix_soa_imports_neither_torch_nor_sglang():
+    code = ("import sys, radix_soa; radix_soa.PrefixCache(); "
+            "print(sorted(m for m in ('torch', 'sglang') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
