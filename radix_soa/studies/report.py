@@ -153,7 +153,10 @@ def _columns(results, unit, kv_bytes_per_token):
         lambda v: f"{v:,}")
     add("peak_index_bytes", "index peak", "(bytes)",
         "peak memory of the replay's index arrays (device + host tier, eviction bookkeeping "
-        "included; the KV itself is not counted)", lambda v: f"{v:,}")
+        "included; the KV itself is not counted). It counts the token runs evictions left "
+        "dead until a compaction reclaims them (when the buffer fills and the dead outweigh "
+        "the live), so a small capacity that evicts much can peak above a larger one and "
+        "the column need not grow with capacity", lambda v: f"{v:,}")
     add("seconds", "replay", "(ms)",
         "wall time of the compiled replay, kernels compiled beforehand (a sweep runs its "
         "replays on parallel threads)", lambda v: f"{v * 1e3:.1f}")

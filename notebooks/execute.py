@@ -1,0 +1,121 @@
+"""Execute the notebooks and store their outputs, or check stored outputs
+against a fresh execution.
+
+    python notebooks/execute.py                 # run every notebook, write its outputs in place
+    python notebooks/execute.py hit_rate_study  # one notebook
+    python notebooks/execute.py --check         # run each in memory, compare with what is stored
+
+Needs the dev extra (nbclient, nbformat, ipykernel, matplotlib). Each
+notebook runs with the ``python3`` kernel, the notebooks directory as
+working directory, ``MPLBACKEND=Agg`` and 600 s per cell.
+
+What "the same outputs" means (``comparable``): the same cells print the
+same text and show the same kinds of figures, once what varies from run to
+run is masked: durations (``1.2 s``, ``35 ms``), rates and speed ratios in
+cells tagged ``timing`` (every number there), and the bytes of images.
+Counts, hit rates, byte counts and every other number of an untagged cell
+must match exactly.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CELL_TIMEOUT = 600
+KERNEL = "python3"
+TIMING_TAG = "timing"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DURATION = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?\s*(?:µs|us|ns|ms|s|min|seconds?)\b")
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def notebooks(names=()):
+    found = sorted(HERE.glob("*.ipynb"))
+    if names:
+        wanted = {n if n.endswith(".ipynb") else f"{n}.ipynb" for n in names}
+        found = [p for p in found if p.name in wanted]
+        missing = wanted - {p.name for p in found}
+        if missing:
+            raise SystemExit(f"no notebook {sorted(missing)[0]} in {HERE}")
+    return found
+
+
+def execute(path):
+    """The notebook at ``path`` executed (in memory), as an nbformat node."""
+    import nbclient
+    import nbformat
+
+    os.environ["MPLBACKEND"] = "Agg"  # the kernel inherits it
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
+                                     resources={"metadata": {"path": str(HERE)}})
+    client.execute()
+    return nb
+
+
+def _text(output):
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    data = output.get("data", {})
+    return data.get("text/plain", "") if "image/png" not in data else ""
+
+
+def comparable(cell):
+    """What must match between two executions of a code cell: its outputs'
+    kinds and their text, with run-to-run variation masked."""
+    timing = TIMING_TAG in cell.get("metadata", {}).get("tags", [])
+    out = []
+    for o in cell.get("outputs", []):
+        kind = o.get("output_type")
+        if kind == "error":
+            out.append(("error", o.get("ename")))
+            continue
+        data = o.get("data", {})
+        mimes = tuple(sorted(m for m in data if m != "text/plain")) if data else ()
+        text = _ANSI.sub("", _text(o))
+        text = re.sub(r"<Figure size [^>]*>", "<Figure>", text)
+        text = re.sub(r" at 0x[0-9a-f]+", " at 0x…", text)
+        text = (_NUMBER if timing else _DURATION).sub("#", text)
+        out.append((kind if kind != "execute_result" else "display_data", mimes, text))
+    return out
+
+
+def differences(stored, fresh):
+    """Lines saying where ``fresh`` (an execution) differs from ``stored``."""
+    a = [c for c in stored.cells if c.cell_type == "code"]
+    b = [c for c in fresh.cells if c.cell_type == "code"]
+    if len(a) != len(b):
+        return [f"{len(a)} code cells stored, {len(b)} executed"]
+    lines = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not x.get("outputs"):
+            lines.append(f"code cell {i}: no outputs stored (run python notebooks/execute.py)")
+        elif comparable(x) != comparable(y):
+            lines.append(f"code cell {i}: stored {comparable(x)!r}\n   executed {comparable(y)!r}")
+    return lines
+
+
+def main(argv):
+    import nbformat
+
+    check = "--check" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    failed = 0
+    for path in notebooks(names):
+        fresh = execute(path)
+        if check:
+            diff = differences(nbformat.read(path, as_version=4), fresh)
+            for line in diff:
+                print(f"{path.name}: {line}")
+            failed += bool(diff)
+        else:
+            nbformat.write(fresh, path)
+            print(f"executed {path.name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
