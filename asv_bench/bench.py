@@ -14,6 +14,7 @@ small data.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -817,6 +818,193 @@ def section_events(repeat):
               f"costs {best['overlap'] / best['match_length']:.2f}x a match_length (target <= 2)")
 
 
+TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                      "traces", "mooncake-fast25")
+
+
+def _router_workload(page, workers, rng):
+    """~200k cached blocks over ``workers`` caches with events: conversations
+    of ~128 pages under 50 shared system prompts, each cached by one worker
+    (a quarter by a second one too); and 128-block queries that follow a
+    conversation for a while, then leave it."""
+    systems = [rng.integers(0, 32_000, size=page * int(k)) for k in rng.integers(8, 40, size=50)]
+    n_conv = size(1_400, 140)
+    caches = [radix_soa.PrefixCache(page_size=page, events=True, values=False)
+              for _ in range(workers)]
+    convs = []
+    for c in range(n_conv):
+        sysp = systems[int(rng.integers(0, len(systems)))]
+        conv = np.concatenate([sysp, rng.integers(0, 32_000, size=page * int(rng.integers(80, 120)))])
+        convs.append(conv)
+        caches[c % workers].insert(conv)
+        if c % 4 == 0:
+            caches[(c * 7 + 3) % workers].insert(conv[:len(conv) * 3 // 4])
+    queries = []
+    for _ in range(size(400, 100)):
+        conv = convs[int(rng.integers(0, n_conv))]
+        keep = int(rng.integers(0, 129)) * page
+        q = np.concatenate([conv[:keep], rng.integers(0, 32_000, size=128 * page)])[:128 * page]
+        queries.append(q)
+    return caches, queries
+
+
+def _mooncake_workload(path, workers):
+    """A Mooncake trace's hash ids as tokens (page size 1: an id is a 512-token
+    block), requests dealt round robin to ``workers`` caches of 3,000 blocks
+    each (so they evict: removals in the stream); the queries are the last
+    fifth of the requests, asked before they are cached."""
+    tr = radix_soa.traces.load_trace(path)
+    caches = [radix_soa.PrefixCache(capacity=3_000, page_size=1, events=True, values=False)
+              for _ in range(workers)]
+    n = len(tr)
+    cut = n * 4 // 5
+    for i in range(cut):
+        caches[i % workers].insert(tr[i])
+    return caches, [np.asarray(tr[i]) for i in range(cut, n)]
+
+
+def _warm_router():
+    """Compile (or load) RouterIndex's kernels: stored and removed events,
+    strict and not, overlap and overlap_batch, with and without a budget."""
+    pc = radix_soa.PrefixCache(capacity=8, page_size=2, events=True, values=False)
+    for q in ([1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 9, 9]):
+        pc.insert(q)
+    evs = pc.take_events()
+    for kw in ({}, {"strict": False}, {"max_bytes": 1 << 14}):
+        ix = radix_soa.RouterIndex(page_size=2, **kw)
+        ix.apply(0, evs)
+        ix.apply(1, [radix_soa.BlockRemoved([1])], strict=False)
+        ix.overlap([1, 2, 3, 4])
+        ix.overlap_batch([[1, 2], [3, 4]])
+
+
+def section_router_dynamo(repeat):
+    """RouterIndex against NVIDIA Dynamo's RadixTree (dynamo._core, from
+    ai-dynamo-runtime): the same events and queries, per query time from
+    Python, events applied per stored block, bytes per block, equal scores."""
+    import dynamo_side as DS
+
+    print("\n[router_dynamo] RouterIndex vs Dynamo's RadixTree (ai-dynamo-runtime), 16 workers")
+    RadixTree = DS.available()
+    if RadixTree is None:
+        return
+    os.environ.setdefault("RUST_LOG", "error")
+    _warm_router()
+    rng = np.random.default_rng(0)
+    workloads = [("synthetic, page 16", 16, lambda: _router_workload(16, 16, rng))]
+    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):
+        path = os.path.join(TRACES, name)
+        if os.path.exists(path):
+            workloads.append((f"Mooncake {name.split('_')[0]}, block ids", 1,
+                              lambda path=path: _mooncake_workload(path, 16)))
+        else:
+            print(f"  (Mooncake {name} not found under {TRACES}: skipped)")
+    for title, page, build in workloads:
+        progress(f"router_dynamo: {title}")
+        caches, queries = build()
+        streams = [(w, pc.take_events()) for w, pc in enumerate(caches)]
+        dyn_streams = [(w, DS.to_dynamo(evs, page)) for w, evs in streams]
+        n_stored = sum(len(e.block_hashes) for _, evs in streams for e in evs
+                       if isinstance(e, radix_soa.BlockStored))
+        n_events = sum(len(evs) for _, evs in streams)
+        wire = [(w, json.dumps([e.to_dict() for e in evs]).encode()) for w, evs in streams]
+        q_local = [DS.local_hashes(q, page) for q in queries]
+        state = {}
+
+        def ours():
+            ix = radix_soa.RouterIndex(page_size=page, workers=range(16))
+            for w, evs in streams:
+                ix.apply(w, evs)
+            state["ix"] = ix
+
+        def ours_json():
+            ix = radix_soa.RouterIndex(page_size=page, workers=range(16))
+            for w, b in wire:
+                ix.apply(w, json.loads(b))
+
+        def dynamo():  # its JSON built in the timing: its API takes bytes
+            t = RadixTree()
+            DS.apply_all(t, DS.dumps_all(dyn_streams))
+            state["dyn"] = t
+
+        best = _interleaved({"ours": ours, "ours_json": ours_json, "dynamo": dynamo}, repeat)
+        ix, dyn = state["ix"], state["dyn"]
+        held = sum(len(ix.blocks_of(w)) for w in range(16))
+        print(f"  {title}: {n_events:,} events, {n_stored:,} stored blocks; {held:,} cached "
+              f"(worker, block) pairs, {len(ix):,} distinct blocks; {len(queries)} queries of "
+              f"{np.mean([len(q) // page for q in queries]):.0f} blocks on average")
+        per = {k: v / n_stored * 1e9 for k, v in best.items()}
+        print(f"    events applied, per stored block: radix_soa {per['ours']:.0f} ns (event "
+              f"objects), {per['ours_json']:.0f} ns (from JSON, json.loads included); Dynamo "
+              f"{per['dynamo']:.0f} ns (json.dumps + apply_event): {per['dynamo'] / per['ours']:.2f}x"
+              f" / {per['dynamo'] / per['ours_json']:.2f}x")
+        mismatched = 0
+        for q, loc in zip(queries, q_local):
+            ours_blocks = (ix.overlap(q) // page).tolist()
+            if ours_blocks != DS.as_blocks(dyn.find_matches(loc).scores, range(16)):
+                mismatched += 1
+        print(f"    scores equal on {len(queries) - mismatched} of {len(queries)} queries")
+
+        def q_ours():
+            for q in queries:
+                ix.overlap(q)
+
+        def q_dyn():
+            for loc in q_local:
+                dyn.find_matches(loc)
+
+        bq = _interleaved({"ours": q_ours, "dyn": q_dyn}, 5 * repeat)
+        a, b = bq["ours"] / len(queries) * 1e6, bq["dyn"] / len(queries) * 1e6
+        print(f"    per query from Python: radix_soa overlap(tokens) {a:.2f} us (hashing the "
+              f"tokens included), Dynamo find_matches(local hashes) {b:.2f} us (hashed "
+              f"beforehand): {b / a:.2f}x")
+        ours_rss = DS.rss_growth("radix_soa", streams, page)
+        dyn_rss = DS.rss_growth("dynamo", dyn_streams, page)
+        rep = ix.memory_report()
+        print(f"    bytes per cached (worker, block) pair: radix_soa {rep['bytes'] / held:.1f} "
+              f"(memory_report, its arrays as allocated; RSS growth {ours_rss / held:.1f}), "
+              f"Dynamo {dyn_rss / held:.1f} (RSS growth in a fresh process): "
+              f"{dyn_rss / rep['bytes']:.2f}x (RSS vs RSS {dyn_rss / max(ours_rss, 1):.2f}x); "
+              f"per distinct block {rep['bytes_per_page']:.1f} vs {dyn_rss / len(ix):.1f}")
+
+
+def section_router_churn(repeat):
+    """10^6 stored/removed events at a steady cached set: the index's bytes
+    stay flat (memory_report after each tenth), with and without a budget."""
+    _warm_router()
+    n = size(1_000_000, 100_000)
+    rng = np.random.default_rng(0)
+    print(f"\n[router_churn] {n:,} stored/removed events, 16 workers, a steady 64 chains of 16 "
+          "blocks per worker (random block hashes, page size 1)")
+    for budget in (None, 1 << 19):  # the second holds about half the steady set
+        ix = radix_soa.RouterIndex(page_size=1, max_bytes=budget)
+        held = {w: [] for w in range(16)}
+        sizes = []
+        t0 = time.perf_counter()
+        events = 0
+        step = 0
+        toks = list(range(16))
+        while events < n:
+            w = step % 16
+            hs = rng.integers(0, 2**63, size=16).tolist()
+            batch = [radix_soa.BlockStored(hs, None, toks, 1)]
+            held[w].append(hs)
+            if len(held[w]) > 64:
+                batch.append(radix_soa.BlockRemoved(held[w].pop(0)))
+            ix.apply(w, batch)
+            events += len(batch)
+            step += 1
+            if step % max(1, n // 20) == 0:
+                sizes.append(ix.memory_report()["bytes"])
+        dt = time.perf_counter() - t0
+        warm = sizes[len(sizes) // 5:]
+        rep = ix.memory_report()
+        print(f"  max_bytes {budget}: {events:,} events in {dt:.1f} s ({dt / events * 1e6:.2f} us "
+              f"per event); bytes after the first fifth: min {min(warm):,} max {max(warm):,} "
+              f"({max(warm) / min(warm) - 1:+.1%}); {rep['pages']:,} pages, "
+              f"{rep['bytes_per_page']:.1f} B per page, forgotten {rep['forgotten_pages']:,}")
+
+
 def _compare_floor():
     """A Numba loop comparing each query's tokens with a copy of them, in
     CSR order: the memory floor of a lookup that reads every query token
@@ -1017,7 +1205,8 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "threads": section_threads, "serving": section_serving,
             "containers": section_containers,
             "sglang": section_sglang, "sglang_loop": section_sglang_loop,
-            "dask": section_dask, "events": section_events}
+            "dask": section_dask, "events": section_events,
+            "router_dynamo": section_router_dynamo, "router_churn": section_router_churn}
 
 
 def main():

@@ -251,7 +251,7 @@ def run(repeat=3):
     if mc is None:
         print("  the Mooncake traces are not present: the conversation-id rows are skipped")
         return
-    S = compare(sg, "Mooncake conversation trace (hash ids as tokens)", mc, repeat)
+    compare(sg, "Mooncake conversation trace (hash ids as tokens)", mc, repeat)
 
 
 # ---------------------------------------------------------------------- the scheduler loop

@@ -91,8 +91,8 @@ def differences(stored, fresh):
         return [f"{len(a)} code cells stored, {len(b)} executed"]
     lines = []
     for i, (x, y) in enumerate(zip(a, b)):
-        if not x.get("outputs"):
-            lines.append(f"code cell {i}: no outputs stored (run python notebooks/execute.py)")
+        if x.get("execution_count") is None:
+            lines.append(f"code cell {i}: stored unexecuted (run python notebooks/execute.py)")
         elif comparable(x) != comparable(y):
             lines.append(f"code cell {i}: stored {comparable(x)!r}\n   executed {comparable(y)!r}")
     return lines

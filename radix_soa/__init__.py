@@ -10,7 +10,7 @@ True
 The product (``RadixCache``, ``PrefixCache``, ``RouterIndex``, batches, KV
 events, persistence) is loaded by ``import radix_soa``. The studies
 (``rs.traces``, ``rs.workloads``, ``rs.schedule``, ``rs.replay``,
-``rs.sweep``, ``rs.replay_cluster``, ``rs.compare_footprint`` ...) and the
+``rs.sweep``, ``rs.replay_cluster``, ``rs.compare_pooling``, ``rs.compare_footprint`` ...) and the
 baselines (``rs.replay_reference``, ``rs.cluster_reference``) load on first
 use of their name: ``radix_soa.studies`` and ``radix_soa.baselines`` are the
 packages behind them. ``docs/design.md`` lists the layers.
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .studies.cluster import (ClusterOptions, ClusterResult, ClusterSweep, replay_cluster,
                                   sweep_cluster)
     from .studies.footprint import FootprintTable, compare_footprint
+    from .studies.pooling import PoolingResult, compare_pooling
     from .studies.replay import ReplayResult, SweepResult, replay, sweep
 
 # name -> (module, attribute; None: the module itself), imported on first use
@@ -56,6 +57,8 @@ _LAZY = {
     "sweep_cluster": ("radix_soa.studies.cluster", "sweep_cluster"),
     "ClusterResult": ("radix_soa.studies.cluster", "ClusterResult"),
     "ClusterSweep": ("radix_soa.studies.cluster", "ClusterSweep"),
+    "compare_pooling": ("radix_soa.studies.pooling", "compare_pooling"),
+    "PoolingResult": ("radix_soa.studies.pooling", "PoolingResult"),
     "compare_footprint": ("radix_soa.studies.footprint", "compare_footprint"),
     "FootprintTable": ("radix_soa.studies.footprint", "FootprintTable"),
     "replay_reference": ("radix_soa.baselines.replay_reference", "replay_reference"),

@@ -250,6 +250,45 @@ class PrefixCache(ServingMixin, TreeCache):
                     self._events.hold(out)
             raise
 
+    def snapshot_events(self, event_hash: Optional[str] = None,
+                        event_hash_seed: Union[str, bytes, None] = None) -> List[Any]:
+        """Every whole page the cache holds now, as ``BlockStored`` events
+        (one run per node, a parent's run before its children's) with the
+        hashes ``take_events`` gives those pages: what a router applies
+        (``RouterIndex.apply_snapshot``) to know this cache exactly again
+        after a restart or a lost event. The event queue is left as it is;
+        the snapshot already holds what the queued events do, so take
+        (and drop) those first, then snapshot, then apply what comes after.
+
+        A cache with ``events=True`` hashes as its events do (passing
+        another ``event_hash`` is a ``ValueError``). Any other cache can
+        snapshot too, its pages hashed with ``event_hash`` (``"fast64"`` by
+        default; ``"sha256_cbor"`` with ``event_hash_seed``, the engines'
+        ``PYTHONHASHSEED``).
+
+        >>> pc = PrefixCache(page_size=2, values=False)
+        >>> _ = pc.insert([1, 2, 3, 4, 5]); _ = pc.insert([1, 2, 7, 8])
+        >>> [(len(e.block_hashes), e.parent_block_hash is None, e.token_ids)
+        ...  for e in pc.snapshot_events()]
+        [(1, True, [1, 2]), (1, False, [3, 4]), (1, False, [7, 8])]
+        """
+        if event_hash is not None:
+            check_event_hash(event_hash)
+        if self._events is not None:
+            mine = "fast64" if self._events.seed is None else "sha256_cbor"
+            if event_hash not in (None, mine):
+                raise ValueError(f"event_hash: this cache's events use {mine!r}; got "
+                                 f"{event_hash!r}")
+            if event_hash_seed is not None:
+                raise ValueError("event_hash_seed: this cache's events have their seed already")
+            seed = self._events.seed
+        else:
+            seed = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
+            if seed is None and event_hash_seed is not None:
+                raise ValueError("event_hash_seed is for event_hash='sha256_cbor'")
+        with self._lock:
+            return event_log.snapshot(self, seed)
+
     # ------------------------------------------------------------ handles
     def _root(self, namespace, create=True):
         """``(root id, 0)`` of ``namespace``, or ``(-1, number)`` when it has

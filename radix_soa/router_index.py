@@ -11,6 +11,7 @@ worker exactly its cache's ``match_length(q)``.
 """
 
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,16 +24,19 @@ from ._input.sequence import as_tokens
 from ._input.validate import MAX_PAGE, check_int
 from ._input.batch import as_batches
 
-__all__ = ["RouterIndex"]
+__all__ = ["RouterIndex", "OverlapReport"]
 
-_MESSAGES = {
-    router_kernels.E_PARENT: "its parent block {parent} is not held by worker {worker!r} (an "
-                             "event missed or applied out of order)",
-    router_kernels.E_HELD: "block {block} is held by worker {worker!r} already (an event "
-                           "applied twice?)",
-    router_kernels.E_MISMATCH: "block {block} is known with another parent block (another "
-                               "hash function or page size?)",
-}
+_BOOL = (bool, np.bool_)
+_ADD, _DROP, _FORGOT = 0, 1, 2  # the kinds of a strict call's undo steps
+MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
+
+
+class OverlapReport(NamedTuple):
+    """``RouterIndex.overlap_report``: the overlap of every registered
+    worker (``overlap_scores``) and the workers among them whose pages are
+    not known exactly (``RouterIndex.degraded``), read at one instant."""
+    scores: dict
+    degraded: frozenset
 
 
 def worker_id(worker):
@@ -87,14 +91,47 @@ class RouterIndex(ReadersWriter):
     same answer as a dict keyed by worker id.
 
     ``apply(worker, events)`` takes one worker's events in the order it
-    emitted them, as objects or dicts. Every check comes before any change:
-    an event of another page size, a stored run whose parent block the
-    worker does not hold (an event missed or out of order), a block stored
-    twice, a removed block the worker does not hold, or a malformed event
-    raises ``EventError`` (a ``ValueError``) naming the event and the
-    problem, and the index is left exactly as it was (the events of the
-    call applied before it are undone). Hashes are trusted as page
-    identities: two different pages with one 64-bit hash would be one node.
+    emitted them, as objects or dicts. A malformed event (or one of another
+    page size or hash kind) raises ``EventError`` (a ``ValueError``) before
+    anything changes, in every mode. An event that is well formed but
+    cannot apply to what the index holds for the worker (a stored run whose
+    parent block the worker does not hold: an event missed or out of order;
+    a block stored twice; a removed block the worker does not hold; a gap in
+    ``seq``) is handled by the mode:
+
+    - ``strict=True`` (the default): all or nothing, ``EventError`` naming
+      the event and the problem, and the index is left exactly as it was
+      (the events of the call applied before it are undone);
+    - ``strict=False``: the worker becomes *degraded* (``status``,
+      ``degraded``) and every event still applies as far as it can: the
+      pages of a stored run are added (a page counts for ``overlap`` only
+      when the worker holds every page before it, so a run under a missing
+      parent adds no overlap until the parent comes), held ones and pages
+      known under another parent are skipped, removals take what the worker
+      holds. ``overlap`` keeps answering for it from what it holds, and
+      ``overlap_report`` says which workers are degraded. The worker is
+      *exact* again after an ``AllBlocksCleared`` or ``apply_snapshot``
+      (``PrefixCache.snapshot_events``), which replace its pages.
+
+    ``seq`` numbers a worker's calls (vLLM numbers its event batches): a
+    call whose ``seq`` is at most the last one applied is a duplicate and
+    is skipped; one past the next is a gap (strict: ``EventError``;
+    otherwise the worker is degraded and the events apply).
+    Hashes are trusted as page identities: two different pages with one
+    64-bit hash would be one node.
+
+    ``max_bytes`` bounds the index's arrays (``memory_report``): past it the
+    index forgets, for every worker, the pages queries walked least recently
+    (a query stamps each page it walks; a store stamps the pages it adds),
+    so overlap only ever drops, never rises. A worker whose pages were
+    forgotten then sends events about them; the index counts, per worker,
+    the pages it forgot, and takes that many removals of blocks it no
+    longer has (and stored runs under them) as expected rather than as
+    errors. Forgetting is never undone: a strict apply that fails restores
+    the worker's pages but those the budget forgot meanwhile (which only
+    lowers overlap). Nodes and table slots are reused, so under churn at a steady
+    cached set the memory stays flat (one node per page: no run ever splits,
+    so none needs merging back).
 
     ``event_hash`` is the hash the workers' events use (``PrefixCache``'s
     ``event_hash``): ``"fast64"`` (the default) or vLLM's ``"sha256_cbor"``
@@ -114,22 +151,34 @@ class RouterIndex(ReadersWriter):
     it while they read, and ``overlap_batch`` reads as a registered reader
     beside other readers, its kernel without the GIL. So any mix of calls
     from any threads answers as some serial order of them would: a read
-    sees every ``apply`` entirely or not at all.
+    sees every ``apply`` entirely or not at all. (With ``max_bytes``,
+    concurrent ``overlap_batch`` calls may race on a page's stamp: a lost
+    write leaves the page a few queries older, never an answer wrong.)
     """
 
     def __init__(self, page_size=16, *, workers=(), event_hash="fast64",
-                 event_hash_seed=None):
+                 event_hash_seed=None, strict=True, max_bytes=None):
         self._page = check_int("page_size", page_size, minimum=1, maximum=MAX_PAGE)
         self._event_hash = check_event_hash(event_hash)
+        if not isinstance(strict, _BOOL):
+            raise TypeError(f"strict must be a bool; got {type(strict).__name__}")
+        self._strict = bool(strict)
+        self._max_bytes = None if max_bytes is None else check_int(
+            "max_bytes", max_bytes, minimum=MIN_BYTES)
         self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
         self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
         self._order = []       # the worker ids in the order they were registered
         self._out = slice(0, 0)  # their columns in a result row (a slice when in order)
+        self._status = {}      # degraded worker id -> the first problem since it was exact
+        self._seq = {}         # worker id -> the last seq applied
+        self._forgotten = 0    # pages the budget forgot, since creation
         self._words = 1
+        self._budget_words = self._budget_nodes = 0  # _node_budget's cache
         self._live = np.zeros(1, np.int64)  # bitmask of the live columns
-        self._alloc(64, 128)
+        self._forgot = np.zeros(64, np.int64)  # per column: pages forgotten it still holds
+        self._alloc(64 if max_bytes is None else min(64, self._node_budget()), 128)
         self._seed_none = np.uint64(namespace_seed(None))
         self._seeds = {None: self._seed_none}
         self._init_lock()
@@ -155,42 +204,92 @@ class RouterIndex(ReadersWriter):
 
     # ------------------------------------------------------------ storage
     def _alloc(self, nodes, slots, old=None):
+        """Fresh arrays of ``nodes`` nodes and ``slots`` table slots, holding
+        the live nodes of ``old`` (compacted) and the table rebuilt."""
         keys = np.zeros(nodes, np.uint64)
         pkeys = np.zeros(nodes, np.uint64)
         flags = np.full(nodes, -1, np.int8)
         masks = np.zeros((nodes, self._words), np.int64)
+        stamps = np.zeros(0 if self._max_bytes is None else nodes + 1, np.int64)
         meta = np.zeros(router_kernels.X_SIZE, np.int64)
         meta[router_kernels.X_FREE] = -1
-        if old is not None:
-            end = int(old["meta"][router_kernels.X_END])
-            keys[:end], pkeys[:end], flags[:end] = (old["keys"][:end], old["pkeys"][:end],
-                                                    old["flags"][:end])
-            masks[:end, :old["masks"].shape[1]] = old["masks"][:end]
-            meta[:] = old["meta"]
+        if old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
+            ids = np.flatnonzero(old["flags"][:int(old["meta"][router_kernels.X_END])] >= 0)
+            n = ids.shape[0]
+            keys[:n], pkeys[:n], flags[:n] = old["keys"][ids], old["pkeys"][ids], old["flags"][ids]
+            masks[:n, :old["masks"].shape[1]] = old["masks"][ids]
+            if stamps.shape[0]:
+                stamps[:n] = old["stamps"][ids]
+                stamps[-1] = old["stamps"][-1]  # the clock
+            meta[router_kernels.X_END] = meta[router_kernels.X_LIVE] = n
         table = np.full(slots, -1, np.int32)
         router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]))
         self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
-                              "_meta": meta, "_table": table})
+                              "_stamps": stamps, "_meta": meta, "_table": table})
 
     def _arrays(self):
         return {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
-                "masks": self._masks, "meta": self._meta}
+                "masks": self._masks, "stamps": self._stamps, "meta": self._meta}
+
+    def _node_bytes(self):
+        """Bytes per node of the node arrays (keys, pkeys, flags, masks, stamps)."""
+        return 17 + 8 * self._words + (0 if self._max_bytes is None else 8)
+
+    def _fixed_bytes(self):
+        return 8 * (router_kernels.X_SIZE + self._live.shape[0] + self._forgot.shape[0] + 1)
+
+    def _node_budget(self):
+        """The most nodes whose arrays (and a table at load <= 3/4) fit
+        ``max_bytes`` (with this many mask words; cached)."""
+        if self._budget_words == self._words:
+            return self._budget_nodes
+        room = self._max_bytes - self._fixed_bytes()
+        per = self._node_bytes()
+        best, slots = 0, 128
+        while 4 * slots < room:
+            best = max(best, min(3 * slots // 4, (room - 4 * slots) // per))
+            slots *= 2
+        self._budget_words, self._budget_nodes = self._words, best
+        return best
 
     def _reserve(self, new):
-        """Room for ``new`` more nodes (and their table slots, load <= 1/2)."""
+        """Room for ``new`` more nodes (and their table slots, load <= 3/4);
+        with a budget, at most ``_node_budget()`` nodes, forgetting the
+        least recently used pages to make room (``new`` is within it)."""
         meta = self._meta
+        cap = None if self._max_bytes is None else self._node_budget()
+        if cap is not None and int(meta[router_kernels.X_LIVE]) + new > cap:
+            live = int(meta[router_kernels.X_LIVE])
+            self._forget(live + new - cap + cap // 16)  # a sixteenth more: amortized
         live = int(meta[router_kernels.X_LIVE])
         nodes = self._keys.shape[0]
         ids = max(int(meta[router_kernels.X_END]), live + new)  # free ids are reused first
-        if ids <= nodes and 2 * (live + new) <= self._table.shape[0]:
+        if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0]:
             return
-        size = max(nodes, 64)
-        while size < ids:
-            size *= 2
+        # nodes grow by a quarter (each copy compacts them), the table doubles
+        size = max(nodes, ids, 64)
+        if ids > nodes:
+            size = max(ids, nodes + nodes // 4)
         slots = self._table.shape[0]
-        while slots < 2 * (live + new):
+        while 4 * (live + new) > 3 * slots:
             slots *= 2
+        if cap is not None:
+            size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
         self._alloc(size, slots, self._arrays())
+
+    def _forget(self, n):
+        """Forget the ``n`` live pages queries walked least recently, for
+        every worker (the budget)."""
+        end = int(self._meta[router_kernels.X_END])
+        ids = np.flatnonzero(self._flags[:end] >= 0)
+        n = min(n, ids.shape[0])
+        if n <= 0:
+            return
+        if n < ids.shape[0]:
+            ids = ids[np.argpartition(self._stamps[ids], n - 1)[:n]]
+        router_kernels.rx_forget(self._table, self._keys, self._flags, self._masks, self._meta,
+                     ids.astype(np.int64), self._forgot)
+        self._forgotten += n
 
     def _column(self, worker, create):
         """The column of ``worker`` (a checked id); with ``create``, a free
@@ -204,7 +303,15 @@ class RouterIndex(ReadersWriter):
         if col >= 64 * self._words:  # another word of bits per node
             self._words += 1
             self._live = np.concatenate([self._live, np.zeros(1, np.int64)])
-            self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
+            self._forgot = np.concatenate([self._forgot, np.zeros(64, np.int64)])
+            nodes = self._keys.shape[0]
+            if self._max_bytes is not None:  # wider rows: fewer of them fit
+                cap = self._node_budget()
+                if int(self._meta[router_kernels.X_LIVE]) > cap:
+                    self._forget(int(self._meta[router_kernels.X_LIVE]) - cap)
+                nodes = min(nodes, cap)
+            self._alloc(nodes, self._table.shape[0], self._arrays())
+        self._forgot[col] = 0  # a fresh column (its events may add to it before _register)
         return col
 
     def _register(self, worker, col):
@@ -217,16 +324,12 @@ class RouterIndex(ReadersWriter):
 
     @staticmethod
     def _bit(col):
-        return col // 64, np.array([1 << (col % 64)], np.uint64).view(np.int64)[0]
+        """``(word, bit)`` of column ``col``: the bit as an int64 (bit 63 negative)."""
+        b = col % 64  # a Python int: Numba unboxes it faster than a NumPy scalar
+        return col // 64, -(1 << 63) if b == 63 else 1 << b
 
     # ------------------------------------------------------------ events
-    def apply(self, worker, events):
-        """Apply ``events`` (``BlockStored``/``BlockRemoved``/
-        ``AllBlocksCleared`` objects or their dicts) that ``worker`` emitted,
-        oldest first; a new worker id joins the index (also with no
-        events). All or nothing: ``EventError`` on the first bad event, with
-        every change undone (a new worker not registered)."""
-        worker = worker_id(worker)
+    def _parse(self, events):
         if isinstance(events, (dict, BlockStored, BlockRemoved, AllBlocksCleared)):
             events = [events]
         parsed = []
@@ -243,89 +346,254 @@ class RouterIndex(ReadersWriter):
                 raise EventError(f"event {i}: bytes block hashes, but this index has "
                                  "event_hash='fast64' (make it with event_hash='sha256_cbor')")
             parsed.append(e)
+        return parsed
+
+    def apply(self, worker, events, *, strict=None, seq=None):
+        """Apply ``events`` (``BlockStored``/``BlockRemoved``/
+        ``AllBlocksCleared`` objects or their dicts) that ``worker`` emitted,
+        oldest first; a new worker id joins the index (also with no
+        events). ``strict`` (default: the index's): all or nothing,
+        ``EventError`` on the first event that cannot apply, with every
+        change undone (a new worker not registered); ``strict=False``: the
+        worker becomes degraded instead and the events apply as far as they
+        can (see the class). ``seq``: this call's number in the worker's
+        stream (a duplicate is skipped, a gap is a problem).
+
+        >>> import radix_soa as rs
+        >>> ix = rs.RouterIndex(page_size=2, strict=False)
+        >>> ix.apply("w", [rs.BlockRemoved([7])], seq=0)   # a block it never held
+        >>> ix.status("w"), ix.apply("w", [], seq=0), list(ix.degraded)
+        ('degraded', None, ['w'])
+        """
+        worker = worker_id(worker)
+        if strict is None:
+            strict = self._strict
+        elif not isinstance(strict, _BOOL):
+            raise TypeError(f"strict must be a bool or None; got {type(strict).__name__}")
+        if seq is not None:
+            seq = check_int("seq", seq, minimum=0)
+        parsed = self._parse(events)
+        with self._writing:
+            last = self._seq.get(worker)
+            if seq is not None and last is not None and seq <= last:
+                return  # a duplicate (or a batch older than one applied): skipped
+            gap = None
+            if seq is not None and last is not None and seq != last + 1:
+                gap = (f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never "
+                       "arrived")
+                if strict:
+                    raise EventError(gap)
+            new = worker not in self._cols
+            col = self._column(worker, True)
+            if strict:
+                undo = []
+                try:
+                    for i, e in enumerate(parsed):
+                        self._apply_one(i, col, worker, e, undo)
+                except BaseException:
+                    self._undo(undo)
+                    if new:
+                        self._col_ids[col] = None
+                    raise
+            else:
+                problem = self._status.get(worker, gap)
+                try:
+                    for i, e in enumerate(parsed):
+                        found = self._apply_one(i, col, worker, e, None)
+                        if isinstance(e, AllBlocksCleared):
+                            problem = None
+                        elif problem is None:
+                            problem = found
+                except BaseException:  # some events applied, not all: not exact
+                    self._status[worker] = (f"an apply of {len(parsed)} events was interrupted "
+                                            "(KeyboardInterrupt, MemoryError)")
+                    if new:
+                        self._register(worker, col)
+                    raise
+                if problem is None:
+                    self._status.pop(worker, None)
+                else:
+                    self._status[worker] = problem
+            if new:
+                self._register(worker, col)
+            if seq is not None:
+                self._seq[worker] = seq
+
+    def apply_snapshot(self, worker, events, *, seq=None):
+        """Replace every page of ``worker`` by ``events``, stored runs parents
+        first (``PrefixCache.snapshot_events()``: its cache now), and mark it
+        exact. All or nothing: a snapshot whose events do not apply as a
+        stream after a clear raises ``EventError`` and changes nothing.
+        ``seq``: the worker's last call number the snapshot covers (later
+        calls continue from it).
+
+        >>> import radix_soa as rs
+        >>> pc = rs.PrefixCache(page_size=2, events=True, values=False)
+        >>> _ = pc.insert([1, 2, 3, 4]); _ = pc.take_events()     # lost on the way
+        >>> ix = rs.RouterIndex(page_size=2, strict=False)
+        >>> _ = pc.insert([1, 2, 3, 4, 5, 6]); ix.apply("w", pc.take_events())
+        >>> ix.status("w"), ix.overlap([1, 2, 3, 4, 5, 6]).tolist()
+        ('degraded', [0])
+        >>> ix.apply_snapshot("w", pc.snapshot_events())
+        >>> ix.status("w"), ix.overlap([1, 2, 3, 4, 5, 6]).tolist()
+        ('exact', [6])
+        """
+        worker = worker_id(worker)
+        if seq is not None:
+            seq = check_int("seq", seq, minimum=0)
+        parsed = [AllBlocksCleared()] + self._parse(events)
         with self._writing:
             new = worker not in self._cols
             col = self._column(worker, True)
             undo = []
             try:
                 for i, e in enumerate(parsed):
-                    self._apply_one(i, col, worker, e, undo)
+                    self._apply_one(i - 1, col, worker, e, undo)
             except BaseException:
-                for step in reversed(undo):
-                    step()
+                self._undo(undo)
                 if new:
                     self._col_ids[col] = None
                 raise
             if new:
                 self._register(worker, col)
+            self._status.pop(worker, None)
+            if seq is not None:
+                self._seq[worker] = seq
+            else:
+                self._seq.pop(worker, None)
 
     def _apply_one(self, i, col, worker, e, undo):
+        """Apply event ``e`` (the ``i``-th of the call) for ``worker``:
+        strict (``undo`` a list: raise on a problem, log the undo steps)
+        or lenient (``undo`` None: return the problem, or None)."""
         w, bit = self._bit(col)
-        k, t, f, m, meta = self._keys, self._pkeys, self._flags, self._masks, self._meta
         if isinstance(e, AllBlocksCleared):
             self._clear(w, bit, undo)
-            return
-        hashes = np.array([key64(h) for h in e.block_hashes], np.uint64)
-        if isinstance(e, BlockRemoved):
-            bad = router_kernels.rx_check_remove(self._table, k, m, w, bit, hashes)
-            if bad >= 0:
-                raise EventError(f"event {i}: BlockRemoved of block {e.block_hashes[bad]}, which "
-                                 f"worker {worker!r} does not hold")
-            parents = np.empty(hashes.shape[0], np.uint64)
-            hasp = np.empty(hashes.shape[0], np.int8)
-            router_kernels.rx_drop(self._table, k, t, f, m, meta, w, bit, hashes, parents, hasp)
-            undo.append(lambda: self._add(w, bit, hashes, parents, hasp))
-            return
-        has_parent = e.parent_block_hash is not None
+            forgot = int(self._forgot[col])
+            self._forgot[col] = 0
+            if undo is not None:
+                undo.append((_FORGOT, col, forgot))
+            return None
+        hashes = self._keys_of(e.block_hashes)
+        n = hashes.shape[0]
+        codes = np.empty(n, np.int8)
+        stored = isinstance(e, BlockStored)
+        has_parent = stored and e.parent_block_hash is not None
         parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
-        status, at = router_kernels.rx_check_store(self._table, k, t, f, m, w, bit, hashes, parent,
-                                       has_parent)
-        if status != router_kernels.OK:
-            raise EventError(f"event {i}: BlockStored: " + _MESSAGES[status].format(
-                parent=e.parent_block_hash, worker=worker,
-                block=e.block_hashes[at] if len(e.block_hashes) else None))
+        cap = None if self._max_bytes is None else self._node_budget()
+        # the common event in one kernel call: every page applies as it is
+        if not stored:
+            parents = np.empty(n, np.uint64)
+            hasp = np.empty(n, np.int8)
+            if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                            self._meta, w, bit, hashes, codes, parents, hasp) < 0:
+                if undo is not None:
+                    undo.append((_ADD, w, bit, hashes, parents, hasp))
+                return None
+        elif cap is None or n <= cap:
+            self._reserve(n)
+            where, bad = router_kernels.rx_store(self._table, self._keys, self._pkeys, self._flags,
+                                     self._masks, self._meta, w, bit, hashes, parent, has_parent,
+                                     self._stamps, codes)
+            if where == router_kernels.P_HELD and bad < 0:
+                if undo is not None:
+                    undo.append((_DROP, w, bit, hashes))
+                return None
+        where = router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                               w, bit, hashes, parent, has_parent, stored, codes)
+        forgot = int(self._forgot[col])
+        if not stored:
+            # a removal of a page the budget forgot: gone from the index, or
+            # stored again since by other workers only
+            unheld = (codes == router_kernels.C_ABSENT) | (codes == router_kernels.C_UNHELD)
+            excused = min(int(np.count_nonzero(unheld)), forgot)
+            problem = None
+            bad = np.flatnonzero(codes == router_kernels.C_REPEAT)
+            if excused < np.count_nonzero(unheld) or bad.shape[0]:
+                at = int(np.flatnonzero(unheld | (codes == router_kernels.C_REPEAT))[0])
+                problem = (f"event {i}: BlockRemoved of block {e.block_hashes[at]}, which worker "
+                           f"{worker!r} does not hold")
+                if undo is not None:
+                    raise EventError(problem)
+            self._forgot[col] = forgot - excused
+            held = hashes[codes == router_kernels.C_OK]
+            parents = np.empty(held.shape[0], np.uint64)
+            hasp = np.empty(held.shape[0], np.int8)
+            router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                       self._meta, w, bit, held, parents, hasp)
+            if undo is not None:
+                undo.append((_FORGOT, col, forgot))
+                undo.append((_ADD, w, bit, held, parents, hasp))
+            return problem
+        problem = None
+        if where != router_kernels.P_HELD and forgot == 0:  # else: under a page the budget forgot?
+            problem = (f"event {i}: BlockStored: its parent block {e.parent_block_hash} is not "
+                       f"held by worker {worker!r} (an event missed or applied out of order)")
+        else:
+            bad = np.flatnonzero(codes != router_kernels.C_OK)
+            if bad.shape[0]:
+                at = int(bad[0])
+                block = e.block_hashes[at]
+                problem = (f"event {i}: BlockStored: " + (
+                    f"block {block} is held by worker {worker!r} already (an event applied "
+                    "twice?)" if codes[at] == router_kernels.C_HELD else
+                    f"block {block} is known with another parent block (another hash "
+                    "function or page size?)"))
+        if problem is not None and undo is not None:
+            raise EventError(problem)
         parents = np.empty(hashes.shape[0], np.uint64)
+        hasp = np.ones(hashes.shape[0], np.int8)
         if hashes.shape[0]:
             parents[0] = parent
             parents[1:] = hashes[:-1]
-        hasp = np.ones(hashes.shape[0], np.int8)
-        if hashes.shape[0]:
             hasp[0] = 1 if has_parent else 0
+        keep = codes == router_kernels.C_OK
+        hashes, parents, hasp = hashes[keep], parents[keep], hasp[keep]
+        if cap is not None and hashes.shape[0] > cap:  # a run past the budget: its tail forgotten
+            self._forgot[col] += hashes.shape[0] - cap
+            self._forgotten += hashes.shape[0] - cap
+            hashes, parents, hasp = hashes[:cap], parents[:cap], hasp[:cap]
         self._add(w, bit, hashes, parents, hasp)
-        undo.append(lambda: self._drop(w, bit, hashes))
+        if undo is not None:
+            undo.append((_FORGOT, col, forgot))
+            undo.append((_DROP, w, bit, hashes))
+        return problem
+
+    def _keys_of(self, block_hashes):
+        """The 64-bit keys of an event's (checked) block hashes."""
+        if self._none_hash is None:  # ints in [0, 2**64) already
+            return np.array(block_hashes, np.uint64)
+        return np.array([key64(h) for h in block_hashes], np.uint64)
+
+    def _undo(self, steps):
+        """Undo a strict call's steps, last first. They are tuples, not
+        closures: a call of many events keeps no objects the cyclic
+        garbage collector would scan again and again."""
+        for step in reversed(steps):
+            kind = step[0]
+            if kind == _ADD:
+                self._add(*step[1:])
+            elif kind == _DROP:
+                self._drop_held(*step[1:])
+            else:
+                self._forgot[step[1]] = step[2]
 
     def _add(self, w, bit, hashes, parents, hasp):
         self._reserve(hashes.shape[0])
-        router_kernels.rx_add(
-            self._table,
-            self._keys,
-            self._pkeys,
-            self._flags,
-            self._masks,
-            self._meta,
-            w,
-            bit,
-            hashes,
-            parents,
-            hasp,
-        )
+        router_kernels.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+                  bit, hashes, parents, hasp, self._stamps)
 
-    def _drop(self, w, bit, hashes):
-        parents = np.empty(hashes.shape[0], np.uint64)
-        hasp = np.empty(hashes.shape[0], np.int8)
-        router_kernels.rx_drop(
-            self._table,
-            self._keys,
-            self._pkeys,
-            self._flags,
-            self._masks,
-            self._meta,
-            w,
-            bit,
-            hashes,
-            parents,
-            hasp,
-        )
+    def _drop_held(self, w, bit, hashes):
+        """Take from worker ``(w, bit)`` those of ``hashes`` it still holds
+        (an undo: the budget may have forgotten some meanwhile)."""
+        codes = np.empty(hashes.shape[0], np.int8)
+        router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks, w, bit,
+                       hashes, np.uint64(0), False, False, codes)
+        held = hashes[codes == router_kernels.C_OK]
+        parents = np.empty(held.shape[0], np.uint64)
+        hasp = np.empty(held.shape[0], np.int8)
+        router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+                   bit, held, parents, hasp)
 
     def _clear(self, w, bit, undo=None):
         live = int(self._meta[router_kernels.X_LIVE])
@@ -335,7 +603,7 @@ class RouterIndex(ReadersWriter):
         n = router_kernels.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
                         self._meta, w, bit, out, parents, hasp)
         if undo is not None:
-            undo.append(lambda: self._add(w, bit, out[:n], parents[:n], hasp[:n]))
+            undo.append((_ADD, w, bit, out[:n], parents[:n], hasp[:n]))
 
     def add_worker(self, worker):
         """Register ``worker`` (nothing cached yet) as the last of
@@ -357,6 +625,8 @@ class RouterIndex(ReadersWriter):
             del self._cols[worker]
             self._col_ids[col] = None
             self._order.remove(worker)
+            self._status.pop(worker, None)
+            self._seq.pop(worker, None)
             self._live[w] &= ~bit
             self._columns_changed()
 
@@ -364,6 +634,51 @@ class RouterIndex(ReadersWriter):
         keep = [self._cols[w] for w in self._order]
         n = len(keep)
         self._out = slice(0, n) if keep == list(range(n)) else np.array(keep, np.intp)
+
+    # ------------------------------------------------------------ status
+    def status(self, worker):
+        """``"exact"`` (every event since the worker's last clear or
+        snapshot applied) or ``"degraded"`` (one could not: its pages are
+        what the index could apply); ``KeyError`` for an unknown worker."""
+        worker = worker_id(worker)
+        with self._lock:
+            if worker not in self._cols:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            return "degraded" if worker in self._status else "exact"
+
+    @property
+    def degraded(self):
+        """The degraded workers, in registration order: a dict from worker
+        id to the first problem since it was last exact (``in``, ``len``
+        and iteration read it as the set of them)."""
+        with self._lock:
+            return {w: self._status[w] for w in self._order if w in self._status}
+
+    def memory_report(self):
+        """The index's arrays in bytes: ``bytes`` (all of them, as
+        allocated), ``bytes_per_page`` (that over the pages held),
+        ``pages``, ``workers``, ``mask_words`` (64 workers a word),
+        ``node_capacity``, ``table_slots``, ``max_bytes`` (None: unbounded),
+        ``forgotten_pages`` (by the budget, since creation) and ``arrays``
+        (bytes by array).
+
+        >>> import radix_soa as rs
+        >>> r = rs.RouterIndex(page_size=4, max_bytes=1 << 16).memory_report()
+        >>> r["bytes"] <= r["max_bytes"], r["pages"], r["mask_words"]
+        (True, 0, 1)
+        """
+        with self._lock:
+            arrays = {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
+                      "masks": self._masks, "stamps": self._stamps, "table": self._table,
+                      "meta": self._meta, "live": self._live, "forgot": self._forgot}
+            sizes = {k: int(a.nbytes) for k, a in arrays.items()}
+            total = sum(sizes.values())
+            pages = int(self._meta[router_kernels.X_LIVE])
+            return {"bytes": total, "bytes_per_page": total / pages if pages else 0.0,
+                    "pages": pages, "workers": len(self._order), "mask_words": self._words,
+                    "node_capacity": int(self._keys.shape[0]),
+                    "table_slots": int(self._table.shape[0]), "max_bytes": self._max_bytes,
+                    "forgotten_pages": self._forgotten, "arrays": sizes}
 
     # ------------------------------------------------------------ queries
     @property
@@ -375,6 +690,11 @@ class RouterIndex(ReadersWriter):
         """The page hash of the events this index takes (``"fast64"`` or
         ``"sha256_cbor"``)."""
         return self._event_hash
+
+    @property
+    def max_bytes(self):
+        """The byte budget of the index's arrays (None: unbounded)."""
+        return self._max_bytes
 
     def _page_keys(self, q, namespace):
         """``sha256_cbor``: the 64-bit keys of the whole pages of ``q``."""
@@ -421,6 +741,11 @@ class RouterIndex(ReadersWriter):
                 self._seeds[namespace] = seed
         return seed
 
+    @staticmethod
+    def _res_size(words):
+        """The row ``overlap_at`` fills: 64 columns a word, then its scratch."""
+        return 65 * words + 2 * router_kernels.GROUP
+
     def overlap(self, tokens, namespace=None):
         """Per worker (``workers`` order), the leading tokens of ``tokens``
         whose whole pages it caches under ``namespace``: an int64 array."""
@@ -428,10 +753,9 @@ class RouterIndex(ReadersWriter):
         seed = self._seed_none if namespace is None else self._seed(namespace)
         hkeys = self._no_keys if self._none_hash is None else self._page_keys(q, namespace)
         with self._lock:  # the kernel holds the GIL: the lock keeps out a half-done apply
-            res = np.empty(65 * self._words, np.int64)
-            router_kernels.rx_overlap(
-                self._table, self._keys, self._masks, q, self._page, seed, self._live, res, hkeys
-            )
+            res = np.empty(self._res_size(self._words), np.int64)
+            router_kernels.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed, self._live,
+                          res, hkeys, self._stamps)
             return res[self._out]
 
     def overlap_scores(self, tokens, namespace=None):
@@ -447,6 +771,20 @@ class RouterIndex(ReadersWriter):
         with self._lock:  # one instant: the columns and the order they are read in
             return dict(zip(self._order, self.overlap(tokens, namespace).tolist()))
 
+    def overlap_report(self, tokens, namespace=None):
+        """``overlap_scores`` and the degraded workers among them, at one
+        instant: an ``OverlapReport(scores, degraded)``.
+
+        >>> import radix_soa as rs
+        >>> ix = rs.RouterIndex(page_size=2, workers=[0, 1], strict=False)
+        >>> ix.apply(1, [rs.BlockRemoved([5])])
+        >>> ix.overlap_report([1, 2])
+        OverlapReport(scores={0: 0, 1: 0}, degraded=frozenset({1}))
+        """
+        with self._lock:
+            return OverlapReport(self.overlap_scores(tokens, namespace),
+                                 frozenset(self._status))
+
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
         takes): an int64 array of requests x workers."""
@@ -457,38 +795,20 @@ class RouterIndex(ReadersWriter):
                     for i in range(len(b))]
             keys = [self._page_keys(q, namespace) for q in rows]
             with self._lock:
-                res = np.empty((len(rows), 65 * self._words), np.int64)
+                res = np.empty((len(rows), self._res_size(self._words)), np.int64)
                 for i, q in enumerate(rows):
-                    router_kernels.rx_overlap(
-                        self._table,
-                        self._keys,
-                        self._masks,
-                        q,
-                        self._page,
-                        seed,
-                        self._live,
-                        res[i],
-                        keys[i],
-                    )
+                    router_kernels.rx_overlap(self._table, self._keys, self._masks, q, self._page, seed,
+                                  self._live, res[i], keys[i], self._stamps)
                 return res[:, self._out]
 
         def run():  # registered: no writer changes the arrays until it returns
             words, out = self._words, self._out
             parts = []
             for b in batches:
-                res = np.empty((len(b), 65 * words), np.int64)
-                router_kernels.rx_overlap_batch(
-                    self._table,
-                    self._keys,
-                    self._masks,
-                    b.flat,
-                    b.offsets,
-                    self._page,
-                    seed,
-                    self._live,
-                    res,
-                    self._no_keys,
-                )
+                res = np.empty((len(b), self._res_size(words)), np.int64)
+                router_kernels.rx_overlap_batch(self._table, self._keys, self._masks, b.flat, b.offsets,
+                                    self._page, seed, self._live, res, self._no_keys,
+                                    self._stamps)
                 parts.append(res[:, out])
             if not parts:
                 return np.zeros((0, len(self._cols)), np.int64)
@@ -510,5 +830,6 @@ class RouterIndex(ReadersWriter):
 
     def __repr__(self):
         h = "" if self._none_hash is None else ", event_hash='sha256_cbor'"
-        return (f"RouterIndex(page_size={self._page}{h}, workers={len(self._cols)}, "
+        b = "" if self._max_bytes is None else f", max_bytes={self._max_bytes}"
+        return (f"RouterIndex(page_size={self._page}{h}{b}, workers={len(self._cols)}, "
                 f"pages={len(self)})")

@@ -299,7 +299,7 @@ def test_parents_that_form_a_cycle_are_refused(tmp_path, mmap):
     # two leaves made each other's parent, their table entries agreeing: every
     # entry, count and span checks out, but a walk up from either never ends
     small_tree().save(tmp_path / "t")
-    parent, length = np.load(tmp_path / "t" / "parent.npy"), np.load(tmp_path / "t" / "length.npy")
+    length = np.load(tmp_path / "t" / "length.npy")
     nchild = np.load(tmp_path / "t" / "nchild.npy")
     x, y = [int(v) for v in np.flatnonzero((length > 0) & (nchild == 0))[:2]]
     edit_array(tmp_path / "t", "parent",

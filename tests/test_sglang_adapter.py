@@ -26,7 +26,6 @@ import sglang_env
 
 sglang_env.require_sglang()
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402

@@ -24,6 +24,7 @@ import numpy as np
 from .._tree import storage
 from .block_hash import block_hashes
 from .._kernels import prefix as prefix_kernels
+from .._kernels import snapshot as snapshot_kernels
 from .._kernels.chain import REC_REMOVED, REC_STORED
 from .._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
@@ -147,6 +148,37 @@ class EventLog:
             else:  # pragma: no cover - a kernel wrote a record this code does not know
                 raise AssertionError(f"event log record kind {kind} at {w}")
         return events
+
+
+def snapshot(pc, seed):
+    """``PrefixCache.snapshot_events``: every cached page of ``pc`` as
+    ``BlockStored`` runs, one per node, parents first (call under the
+    cache's lock). ``seed``: vLLM's ``NONE_HASH`` for ``sha256_cbor``
+    hashes, None for ``fast64``."""
+    s = pc._s
+    keys = pc._ns_keys
+    seeds = np.array([namespace_seed(k) for k in keys], np.uint64)
+    page = pc._page
+    nodes, ns, has_parent, parents, first, hashes = snapshot_kernels.snapshot_runs(s.arrays, seeds, page)
+    tokens, start, length = s.tokens, s.start, s.length
+    hashes = hashes.tolist()
+    parents = parents.tolist()
+    last = {}  # sha256_cbor: the 64-bit hash of a node's last page -> its 32-byte hash
+    events = []
+    for i, v in enumerate(nodes.tolist()):
+        a = int(start[v])
+        run = tokens[a:a + int(length[v])].tolist()
+        key = keys[ns[i]] if 0 <= ns[i] < len(keys) else int(ns[i])
+        block, parent = hashes[first[i]:first[i + 1]], parents[i] if has_parent[i] else None
+        if seed is not None:
+            vparent = last[parent] if parent is not None else None
+            vblock = block_hashes(run, page, vparent, key, seed)
+            last[block[-1]] = vblock[-1]
+            block, parent = vblock, vparent
+        events.append(BlockStored(block, parent, run, page,
+                                  lora_id=key if type(key) is int and key != 0 else None,
+                                  lora_name=key if isinstance(key, str) else None))
+    return events
 
 
 # ---------------------------------------------------------------- room in the log

@@ -33,14 +33,19 @@ Modules, bottom up (a module calls only those above it in this list)::
     ids         ids_one -> ids_batch (sequence ids); sequence_of
     chain       page_content -> page_hash -> chain_hashes, log_stored, log_removed
                 (the KV event log)
+    snapshot    snapshot_runs (children_csr, page_hash): a prefix cache's pages as stored
+                runs, parents first (PrefixCache.snapshot_events)
     prefix      pc_match -> pc_match_one, pc_match_batch; path_values;
                 path_unlocked, room_needed, evict_keeping (pc_lock, pc_evict)
                 -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
     replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
                 request_of -> replay_run (pc_match, room_needed, pc_lock,
                 heap_top, pc_evict, extend)
-    router      rx_find; rx_check_store, rx_add, rx_check_remove, rx_drop, rx_clear;
-                overlap_at (page_hash) -> rx_overlap, rx_overlap_batch (RouterIndex)
+    router      rx_find; rx_classify (an event's pages: to add, held, unknown ...);
+                _add_one -> rx_add; rx_store (rx_classify, _add_one), rx_remove
+                (rx_classify, rx_drop): the common event in one call; rx_drop, rx_clear,
+                rx_forget (the byte budget); overlap_at (page_hash, prefetch, the
+                budget's stamps) -> rx_overlap, rx_overlap_batch (RouterIndex)
     cluster     prefix_hashes; the event heap (ev_push, ev_pop) -> retire; least_loaded,
                 shortest_queue -> cache_aware_pick, kv_overlap_pick; approx_insert,
                 approx_evict, serve -> cluster_run (tree_at per worker row)

@@ -8,26 +8,39 @@ the page before it), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
 a parent), ``masks`` int64 ``[node, word]`` (bit ``c % 64`` of word
 ``c // 64``: worker column ``c`` holds the page), ``table`` int32
 open-addressing slots keyed by the hash itself (already mixed), -1 empty,
-``meta`` int64 (``X_*`` slots). Mutation kernels assume the class made room
-first (``X_LIVE`` + the new nodes within the arrays, the table under the
-load limit).
+``meta`` int64 (``X_*`` slots), ``stamps`` int64 (a budgeted index only,
+else empty): per node the tick a query last walked it or a store last
+touched it, the clock in the last element. Mutation kernels assume the
+class made room first (``X_LIVE`` + the new nodes within the arrays, the
+table under the load limit).
 """
 
 import numpy as np
 
 from .chain import page_hash
 from .config import kernel, kernel_nogil
+from .prefetch import prefetch
 
 X_END = 0    # high-water mark of node ids
 X_FREE = 1   # first free node id, or -1
 X_LIVE = 2   # live nodes
 X_SIZE = 4
+# the budget's clock advances a tick per query or stored run; page i of one
+# is stamped i below it, so of pages a query (or a run) last touched the
+# deepest go first and a page outlives what hangs under it
+TICK = 1 << 16
+GROUP = 16   # pages an overlap walk hashes and prefetches at a time
 
-OK = 0
-E_PARENT = 1     # the parent page is not held by the worker
-E_HELD = 2       # a page the worker holds already
-E_MISMATCH = 3   # a page known under another parent (another hash chain)
-E_UNKNOWN = 4    # a removed page the worker does not hold
+# what rx_classify gives each hash of an event
+C_OK = 0         # stored: a page to add; removed: a page the worker holds
+C_HELD = 1       # stored: held by the worker already (or earlier in the run)
+C_MISMATCH = 2   # stored: known under another parent
+C_ABSENT = 3     # removed: no worker holds it (never stored, or forgotten)
+C_UNHELD = 4     # removed: other workers hold it, this one not
+C_REPEAT = 5     # removed: earlier in the same event
+P_HELD = 0       # a stored run's parent: held by the worker, or none
+P_ABSENT = 1     # held by no worker (never stored, or forgotten)
+P_OTHERS = 2     # held by other workers only
 
 
 @kernel
@@ -86,69 +99,153 @@ def _held(masks, v, word, bit):
 
 
 @kernel
-def rx_check_store(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent):
-    """Whether worker ``(word, bit)`` can store the chain ``hashes`` after
-    ``parent``: ``(OK, 0)`` or ``(E_*, index of the offending hash)``."""
-    if has_parent:
-        p = rx_find(table, keys, parent)
-        if p < 0 or not _held(masks, p, word, bit):
-            return E_PARENT, 0
-    before = parent
-    hasp = has_parent
-    for i in range(hashes.shape[0]):
-        h = hashes[i]
-        v = rx_find(table, keys, h)
+def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp):
+    """Give worker ``(word, bit)`` page ``h`` (after page ``before`` if
+    ``hasp``), making its node if it is not there; the node."""
+    v = rx_find(table, keys, h)
+    if v < 0:
+        v = meta[X_FREE]
         if v >= 0:
-            if _held(masks, v, word, bit):
-                return E_HELD, i
-            if (flags[v] == 1) != hasp or (hasp and pkeys[v] != before):
-                return E_MISMATCH, i
-        before = h
-        hasp = True
-    return OK, 0
+            meta[X_FREE] = np.int64(keys[v])
+        else:
+            v = meta[X_END]
+            meta[X_END] = v + 1
+        keys[v] = h
+        pkeys[v] = before
+        flags[v] = hasp
+        for w in range(masks.shape[1]):
+            masks[v, w] = 0
+        mask = table.shape[0] - 1
+        j = np.int64(h & np.uint64(mask))
+        while table[j] >= 0:
+            j = (j + 1) & mask
+        table[j] = v
+        meta[X_LIVE] += 1
+    masks[v, word] |= bit
+    return v
 
 
 @kernel
-def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp):
+def _tick(stamps):
+    """The budget's clock, advanced a ``TICK`` (0 without a budget)."""
+    if stamps.shape[0] == 0:
+        return np.int64(0)
+    clock = stamps[stamps.shape[0] - 1] + TICK
+    stamps[stamps.shape[0] - 1] = clock
+    return clock
+
+
+@kernel
+def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp, stamps):
     """Give worker ``(word, bit)`` the pages ``hashes`` (the page before
     each in ``parents``, ``hasp`` 1 if it has one), making the nodes not
-    there yet. Unchecked: ``rx_check_store`` first."""
-    mask = table.shape[0] - 1
+    there yet, and stamping them (``stamps`` not empty: see ``TICK``).
+    Unchecked: ``rx_classify`` first."""
+    clock = _tick(stamps)
     for i in range(hashes.shape[0]):
-        h = hashes[i]
-        v = rx_find(table, keys, h)
-        if v < 0:
-            v = meta[X_FREE]
-            if v >= 0:
-                meta[X_FREE] = np.int64(keys[v])
-            else:
-                v = meta[X_END]
-                meta[X_END] = v + 1
-            keys[v] = h
-            pkeys[v] = parents[i]
-            flags[v] = hasp[i]
-            for w in range(masks.shape[1]):
-                masks[v, w] = 0
-            j = np.int64(h & np.uint64(mask))
-            while table[j] >= 0:
-                j = (j + 1) & mask
-            table[j] = v
-            meta[X_LIVE] += 1
-        masks[v, word] |= bit
+        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], parents[i],
+                     hasp[i])
+        if stamps.shape[0] > 0:
+            stamps[v] = clock - min(i, TICK - 1)
 
 
 @kernel
-def rx_check_remove(table, keys, masks, word, bit, hashes):
-    """The first index of ``hashes`` worker ``(word, bit)`` does not hold
-    (a repeat counts: it is gone by then), or -1."""
-    for i in range(hashes.shape[0]):
-        v = rx_find(table, keys, hashes[i])
-        if v < 0 or not _held(masks, v, word, bit):
-            return i
+def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
+                stored, codes):
+    """A ``C_*`` code per hash of a stored run after ``parent``
+    (``stored``) or of a removal, into ``codes``; returns, for a stored
+    run, ``P_HELD`` if the worker holds its parent (or it has none),
+    ``P_ABSENT`` if no worker holds the parent, ``P_OTHERS`` if others do
+    but not this worker (for a removal, ``P_HELD``)."""
+    n = hashes.shape[0]
+    for i in range(n):
+        h = hashes[i]
+        v = rx_find(table, keys, h)
+        repeat = False
         for j in range(i):
-            if hashes[j] == hashes[i]:
-                return i
+            if hashes[j] == h:
+                repeat = True
+                break
+        if stored:
+            hasp = has_parent or i > 0
+            before = parent if i == 0 else hashes[i - 1]
+            if repeat or (v >= 0 and _held(masks, v, word, bit)):
+                codes[i] = C_HELD
+            elif v >= 0 and ((flags[v] == 1) != hasp or (hasp and pkeys[v] != before)):
+                codes[i] = C_MISMATCH
+            else:
+                codes[i] = C_OK
+        elif repeat:
+            codes[i] = C_REPEAT
+        elif v < 0:
+            codes[i] = C_ABSENT
+        elif not _held(masks, v, word, bit):
+            codes[i] = C_UNHELD
+        else:
+            codes[i] = C_OK
+    if not (stored and has_parent):
+        return P_HELD
+    p = rx_find(table, keys, parent)
+    if p < 0:
+        return P_ABSENT
+    return P_HELD if _held(masks, p, word, bit) else P_OTHERS
+
+
+@kernel
+def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, has_parent,
+             stamps, codes):
+    """The common stored run in one call: ``rx_classify`` it and, when the
+    worker holds its parent and every page is ``C_OK``, add it
+    (``rx_add``; room made first). Returns ``(parent status, index of the
+    first page not C_OK or -1)``; anything but ``(P_HELD, -1)`` changed
+    nothing."""
+    where = rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
+                        True, codes)
+    n = hashes.shape[0]
+    for i in range(n):
+        if codes[i] != C_OK:
+            return where, i
+    if where != P_HELD:
+        return where, -1
+    clock = _tick(stamps)
+    before, hasp = parent, np.int8(1 if has_parent else 0)
+    for i in range(n):
+        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], before, hasp)
+        if stamps.shape[0] > 0:
+            stamps[v] = clock - min(i, TICK - 1)
+        before, hasp = hashes[i], np.int8(1)
+    return where, -1
+
+
+@kernel
+def rx_remove(table, keys, pkeys, flags, masks, meta, word, bit, hashes, codes, parents, hasp):
+    """The common removal in one call: ``rx_classify`` it and, when the
+    worker holds every page, take them (``rx_drop``, their parents to
+    ``parents``/``hasp``). Returns the index of the first page not
+    ``C_OK`` (nothing changed), or -1."""
+    rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, np.uint64(0), False, False,
+                codes)
+    for i in range(hashes.shape[0]):
+        if codes[i] != C_OK:
+            return i
+    rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp)
     return -1
+
+
+@kernel
+def rx_forget(table, keys, flags, masks, meta, victims, forgot):
+    """Forget the live nodes ``victims`` for every worker (the budget),
+    counting per worker column in ``forgot`` the pages it held."""
+    for i in range(victims.shape[0]):
+        v = victims[i]
+        for w in range(masks.shape[1]):
+            m = masks[v, w]
+            if m != 0:
+                for j in range(64):
+                    if (m >> j) & 1:
+                        forgot[w * 64 + j] += 1
+                masks[v, w] = 0
+        _release(table, keys, flags, masks, meta, v)
 
 
 @kernel
@@ -167,7 +264,7 @@ def _release(table, keys, flags, masks, meta, v):
 @kernel
 def rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp):
     """Take the pages ``hashes`` from worker ``(word, bit)`` (unchecked:
-    ``rx_check_remove`` first), writing each one's parent to ``parents`` /
+    ``rx_classify`` first), writing each one's parent to ``parents`` /
     ``hasp`` (to undo it with ``rx_add``)."""
     for i in range(hashes.shape[0]):
         v = rx_find(table, keys, hashes[i])
@@ -196,21 +293,35 @@ def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, ha
 
 
 @kernel
-def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys):
+def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys, stamps):
     """``overlap_at`` of all of ``q``."""
-    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res, hkeys)
+    overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res, hkeys, stamps)
 
 
 @kernel
-def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys):
+def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stamps):
     """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
-    it holds, into ``res`` (every column of ``live``, int64 words; ``res``
-    has a word of scratch per word of ``live`` after the 64 columns of each).
-    The pages' keys are their chained ``page_hash`` from ``seed``, or
-    ``hkeys`` when it is not empty (one per page, hashed by the caller:
-    ``sha256_cbor``)."""
+    it holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of
+    each word of ``live``, then a word of scratch per word, then the
+    group's scratch). The pages' keys are their chained ``page_hash`` from
+    ``seed``, or ``hkeys`` when it is not empty (one per page, hashed by the
+    caller: ``sha256_cbor``). ``GROUP`` pages at a time: their hashes first,
+    each one's table slot prefetched, then each slot's node (its key and
+    mask row prefetched), then the walk, so a large index's misses overlap
+    instead of following one another. With ``stamps`` (not empty) the clock
+    ticks and every page the walk finds is stamped (``TICK``): the budget's
+    recency. ``rx_overlap_batch`` runs beside other readers, so two may
+    race on a stamp or the clock: a lost write leaves a page a few ticks
+    older, never a wrong answer."""
     words = masks.shape[1]
-    alive = res[64 * words:]
+    stamped = stamps.shape[0] > 0
+    clock = np.int64(0)
+    if stamped:
+        clock = stamps[stamps.shape[0] - 1] + TICK
+        stamps[stamps.shape[0] - 1] = clock
+    alive = res[64 * words:65 * words]
+    group = res[65 * words:65 * words + GROUP]     # the group's page hashes (bits)
+    found = res[65 * words + GROUP:65 * words + 2 * GROUP]  # and their nodes
     left = 0
     for w in range(words):
         alive[w] = live[w]
@@ -218,21 +329,39 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys):
     h = seed
     npages = qn // page
     given = hkeys.shape[0] > 0
+    mask = table.shape[0] - 1
     i = 0
     while i < npages and left != 0:
-        h = hkeys[i] if given else page_hash(h, q, qs + i * page, page)
-        v = rx_find(table, keys, h)
-        if v < 0:
-            break
-        left = 0
-        for w in range(words):
-            a = alive[w]
-            if a != 0:
-                m = a & masks[v, w]
-                _set_bits(res, w, a & ~m, i * page)
-                alive[w] = m
-                left |= m
-        i += 1
+        g = min(GROUP, npages - i)
+        for j in range(g):
+            h = hkeys[i + j] if given else page_hash(h, q, qs + (i + j) * page, page)
+            group[j] = np.int64(h)
+            prefetch(table, np.int64(h & np.uint64(mask)))
+        for j in range(g):
+            c = table[np.int64(np.uint64(group[j]) & np.uint64(mask))]
+            if c >= 0:
+                prefetch(keys, c)
+                prefetch(masks[c], 0)
+        for j in range(g):
+            found[j] = rx_find(table, keys, np.uint64(group[j]))
+        for j in range(g):
+            v = found[j]
+            if v < 0:
+                left = 0
+                break
+            if stamped:
+                stamps[v] = clock - min(i, TICK - 1)
+            left = 0
+            for w in range(words):
+                a = alive[w]
+                if a != 0:
+                    m = a & masks[v, w]
+                    _set_bits(res, w, a & ~m, i * page)
+                    alive[w] = m
+                    left |= m
+            if left == 0:
+                break
+            i += 1
     for w in range(words):
         _set_bits(res, w, alive[w], i * page)
 
@@ -246,9 +375,9 @@ def _set_bits(res, w, bits, value):
 
 
 @kernel_nogil
-def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res, hkeys):
+def rx_overlap_batch(table, keys, masks, flat, offsets, page, seed, live, res, hkeys, stamps):
     """``overlap_at`` of every sequence of a CSR batch into row i of ``res``
     (``hkeys`` empty: the page hash)."""
     for i in range(offsets.shape[0] - 1):
         overlap_at(table, keys, masks, flat, offsets[i], offsets[i + 1] - offsets[i], page,
-                   seed, live, res[i], hkeys)
+                   seed, live, res[i], hkeys, stamps)
