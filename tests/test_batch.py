@@ -133,6 +133,7 @@ def test_insert_batch_is_all_or_nothing(bad, exc):
     rc.check_invariants()
 
 
+@pytest.mark.slow
 def test_insert_batch_overflow_of_narrow_dtype_changes_nothing():
     rc = RadixCache(dtype=np.int32)
     rc.insert([1])
@@ -145,6 +146,7 @@ def test_insert_batch_overflow_of_narrow_dtype_changes_nothing():
 batches = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=10), max_size=40)
 
 
+@pytest.mark.slow
 @given(batches, batches, st.sampled_from([np.int64, np.int32]))
 def test_batch_calls_equal_single_calls(first, queries, dtype):
     one, many = RadixCache(dtype=dtype), RadixCache(dtype=dtype)
@@ -164,6 +166,7 @@ long_batches = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min
                         max_size=120)
 
 
+@pytest.mark.slow
 @given(long_batches, st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), max_size=20),
        st.integers(0, 3))
 def test_grouped_batch_insert_equals_single_inserts_node_for_node(seqs, before, drop):
@@ -217,6 +220,7 @@ def assert_little_slack(cache):
         assert usage["allocated_bytes"] <= max(floor, 1.25 * usage["used_bytes"] + 8), name
 
 
+@pytest.mark.slow
 def test_the_trim_after_a_batch_copies_nothing(monkeypatch):
     # the trimmed arrays are views of the ones the batch grew into: a copy
     # would write the whole tree again (most of a large build's time)
@@ -279,6 +283,7 @@ def test_a_batch_build_leaves_at_most_a_quarter_of_slack(kind):
     cache.check_invariants()
 
 
+@pytest.mark.slow
 def test_a_million_short_sequences():
     rng = np.random.default_rng(0)
     n = 1_000_000
@@ -311,6 +316,7 @@ def arrow_cases():
     yield "fixed_size", pa.array([[1, 2], [3, 4]], type=pa.list_(pa.int64(), 2)), [[1, 2], [3, 4]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, arr, data", list(arrow_cases()), ids=[c[0] for c in arrow_cases()])
 def test_arrow_inputs_equal_list_inputs(name, arr, data):
     a, b = RadixCache(), RadixCache()

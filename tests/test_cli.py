@@ -77,6 +77,7 @@ def table_rows(lines):
     return head, rows
 
 
+@pytest.mark.slow
 def test_default_study_prints_header_table_legend_summary_and_memory(capsys):
     code, out, err = run(capsys)  # no subcommand: the study
     assert code == 0, err
@@ -225,6 +226,7 @@ def test_study_on_several_namespaces(capsys, tmp_path):
     assert doc["index_memory"]["tokens_stored"] == 6 == doc["footprint"]
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(capsys, tmp_path):
     png = tmp_path / "curve.png"
     code, out, err = run(capsys, "study", *SMALL, "--points", "3", "--plot", str(png))

@@ -233,6 +233,7 @@ def test_the_result_adds_up_over_workers():
     assert r.summary()["router"] == "cache_aware"
 
 
+@pytest.mark.slow
 def test_without_the_directory_the_replay_gives_the_same_answers(monkeypatch):
     from radix_soa._tree import storage as _storage
     tr = long_trace(40, seed=5)

@@ -39,6 +39,7 @@ def test_expected_answers_are_not_trivial(rc):
 
 # ------------------------------------------------------------------ polars
 
+@pytest.mark.slow
 def test_polars_series(rc):
     pl = pytest.importorskip("polars")
     for dtype in (pl.List(pl.Int64), pl.List(pl.Int32), pl.List(pl.UInt16)):

@@ -114,6 +114,7 @@ def test_heads_short_sequences_and_sequences_of_exactly_k_tokens(client):
     assert len(sc) == 5 and sc.memory_report()["short_sequences"] == 2
 
 
+@pytest.mark.slow
 def test_built_from_a_dask_bag_dataframe_arrow_and_csr(client):
     bag = db.from_sequence(SEQS, npartitions=5)
     check(rsd.build(bag, shards=4, client=client, head=3))
@@ -303,6 +304,7 @@ def test_shards_keep_no_worker_restriction_once_placed(client):
     assert restrictions == [None] * 4 and back.tolist() == [True]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", ["exists_batch", "match_prefix_batch", "insert_batch", "save",
                                   "memory_report"])
 def test_every_worker_killed_right_before_a_call_is_recomputed(client, tmp_path, call):
@@ -332,6 +334,7 @@ def test_every_worker_killed_right_before_a_call_is_recomputed(client, tmp_path,
         check(bounded(lambda: rsd.load(tmp_path / "t", client=client)), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", ["exists_batch", "insert_batch", "save", "build", "load"])
 def test_a_worker_killed_while_its_task_runs_is_recomputed(client, tmp_path, call):
     settled(client)
@@ -368,6 +371,7 @@ def test_a_worker_killed_while_its_task_runs_is_recomputed(client, tmp_path, cal
     check(sc, ref)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_between_submit_and_gather_gives_exact_answers(client, monkeypatch):
     settled(client)
     sc = rsd.build(SEQS[:1500], shards=4, client=client, head=3, timeout=TIMEOUT)
@@ -396,6 +400,7 @@ def test_a_worker_killed_between_submit_and_gather_gives_exact_answers(client, m
     check(sc, ref)
 
 
+@pytest.mark.slow
 def test_a_task_that_kills_every_worker_it_runs_on_raises_killed_worker(client):
     settled(client)
     sc = rsd.build(SEQS, shards=1, client=client, head=3, timeout=TIMEOUT)  # one lookup task
@@ -431,6 +436,7 @@ def test_a_task_that_kills_every_worker_it_runs_on_raises_killed_worker(client):
     check(sc)  # the shards lost on the way are recomputed
 
 
+@pytest.mark.slow
 def test_a_lost_shard_that_cannot_be_reloaded_is_an_error_naming_it(client, tmp_path):
     settled(client)
     rsd.build(SEQS, shards=3, client=client, head=3).save(tmp_path / "t")
@@ -443,6 +449,7 @@ def test_a_lost_shard_that_cannot_be_reloaded_is_an_error_naming_it(client, tmp_
     settled(client, gone)
 
 
+@pytest.mark.slow
 def test_a_call_past_its_timeout_names_the_shards_and_changes_nothing(client, tmp_path):
     settled(client)
     sc = rsd.build(SEQS, shards=3, client=client, head=3, timeout=30)
@@ -491,6 +498,7 @@ def test_without_dask_the_import_says_how_to_install():
     assert "pip install radix-soa[dask]" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_dask_collections_as_queries_give_dask_arrays(client):
     import dask.array as da
 
@@ -502,6 +510,7 @@ def test_dask_collections_as_queries_give_dask_arrays(client):
     np.testing.assert_array_equal(sc.match_prefix_batch(bag).compute(), WANT_MATCH)
 
 
+@pytest.mark.slow
 def test_saved_and_loaded_by_the_workers(client, tmp_path):
     sc = rsd.build(SEQS, shards=3, client=client, head=4)
     sc.save(tmp_path / "tree")
@@ -645,6 +654,7 @@ def test_a_manifest_edited_behind_its_checksum_is_refused(client, saved, tmp_pat
         rsd.load(t, client=client, timeout=TIMEOUT)
 
 
+@pytest.mark.slow
 def test_the_saved_directory_loads_whole_and_its_parts_as_plain_trees(client, saved):
     root, ref, seqs = saved
     back = rsd.load(root / "a", client=client, mmap=True)

@@ -51,6 +51,7 @@ def test_hashes_depend_on_the_namespace_and_every_token_before():
     assert e0.lora_id is None and e0.lora_name is None and e1.namespace == "t"
 
 
+@pytest.mark.slow
 def test_eviction_drop_and_reset_emit_removed_and_cleared():
     pc = rs.PrefixCache(capacity=6, page_size=2, events=True, values=False)
     pc.insert([1, 2, 3, 4, 5, 6])
@@ -68,6 +69,7 @@ def test_eviction_drop_and_reset_emit_removed_and_cleared():
     assert pc.take_events() == [rs.AllBlocksCleared()]
 
 
+@pytest.mark.slow
 def test_lifecycle_inserts_and_begin_evictions_emit_events():
     pc = rs.PrefixCache(capacity=8, page_size=2, count_inflight=True, events=True)
     pc.insert([1, 2, 3, 4, 5, 6], values=np.arange(6))
@@ -173,6 +175,7 @@ def run(pc, op):
         return "full"
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(page=st.sampled_from([1, 2, 3]),
        ops=st.lists(st.tuples(st.integers(0, 2), OP), max_size=25),

@@ -261,6 +261,7 @@ def run_faulted(inj, op, obj):
 
 # ---------------------------------------------------------------- tests
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["interrupt", "memory"])
 @pytest.mark.parametrize("name", sorted(RADIX_OPS))
 def test_radix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
@@ -284,6 +285,7 @@ def test_radix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
         assert fired > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["interrupt", "memory"])
 @pytest.mark.parametrize("name", sorted(PREFIX_OPS))
 def test_prefix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
@@ -319,6 +321,7 @@ def test_prefix_cache_survives_a_fault_at_every_step(name, kind, monkeypatch):
 EVENT_OPS = ["drop_namespace", "evict", "insert", "insert_batch", "insert_evicting"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["interrupt", "memory"])
 @pytest.mark.parametrize("name", EVENT_OPS)
 def test_events_stay_those_of_the_cache_after_a_fault_at_every_step(name, kind, monkeypatch):

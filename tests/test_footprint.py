@@ -196,6 +196,7 @@ def test_baselines_match_python_models(seqs, flat_dtype, chunk):
     check_hash_set(hs, seqs, queries)
 
 
+@pytest.mark.slow
 @settings(max_examples=15)
 @given(SEQS)
 def test_compare_footprint_counts_match_python_models(seqs):
@@ -285,6 +286,7 @@ def test_python_rows_count_short_tuples_from_free_lists():
 PY_ROWS = ("Python set of tuples", "Python radix tree")
 
 
+@pytest.mark.slow
 def test_python_rows_do_not_depend_on_tracemalloc_already_running():
     seqs = workloads.shared_prefix(n_sequences=50, n_prompts=2, prompt_len=30,
                                    tail_len=(5, 10), seed=5)
@@ -302,6 +304,7 @@ def test_python_rows_do_not_depend_on_tracemalloc_already_running():
         assert abs(a - b) <= 0.02 * a, name
 
 
+@pytest.mark.slow
 def test_python_rows_ignore_other_threads_allocations():
     """Another thread allocating and freeing during the measurement (in the
     full suite: leftover threads, Numba, the gc) counts nothing; a global
@@ -361,6 +364,7 @@ def test_table_text_dict_and_repr(chat):
         t.row("B-tree")
 
 
+@pytest.mark.slow
 def test_inputs_batch_array_and_dtypes():
     seqs = [[5, 6, 7], [5, 6, 8], [5, 6, 7]]
     a = compare_footprint(seqs, dtypes=("int64",))
@@ -392,6 +396,7 @@ def test_bad_input_raises(seqs, kwargs, exc, match):
 
 # ---------------------------------------------------------------- the project target
 
+@pytest.mark.slow
 def test_shared_prefix_radix_vs_python_object_tree():
     """RadixCache against the pure-Python object radix tree on the
     shared-prefix workload (the 5x target itself is tracked by the memory
@@ -413,6 +418,7 @@ def test_shared_prefix_radix_vs_python_object_tree():
     assert t.row("Python set of tuples")["bytes"] >= 5 * t.row("RadixCache int64")["bytes"]
 
 
+@pytest.mark.slow
 def test_the_public_tracemalloc_path_counts_what_the_fast_path_counts(monkeypatch):
     """``_held_by_builders`` reads CPython's raw trace tuples when they have
     the shape it checks, else ``Snapshot.statistics``: both give the same

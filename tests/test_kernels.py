@@ -199,6 +199,7 @@ def _field_summaries(D, like):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
 def test_the_directory_rebuilds_every_array_of_the_tree(dtype):
     pc = PrefixCache(page_size=2, dtype=dtype)
@@ -213,6 +214,7 @@ def test_the_directory_rebuilds_every_array_of_the_tree(dtype):
     assert np.array_equal(_field_summaries(s.arrays, s.like), expected)  # the fallback: T itself
 
 
+@pytest.mark.slow
 def test_without_the_directory_every_call_gives_the_same_answers(monkeypatch):
     from radix_soa._tree import storage as _storage
 

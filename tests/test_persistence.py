@@ -125,6 +125,7 @@ def test_compact_keeps_prefix_cache_values_locks_and_handles(prefix_cache):
 
 # ---------------------------------------------------------------- save / load
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
 def test_save_load_round_trip(tmp_path, dtype):
     rc = RadixCache(dtype=dtype)
@@ -156,6 +157,7 @@ def test_prefix_cache_round_trip_behaves_identically(tmp_path, prefix_cache):
     assert back.stats == pc.stats
 
 
+@pytest.mark.slow
 def test_mmap_answers_reads_and_refuses_writes(tmp_path, tree, prefix_cache):
     tree.save(tmp_path / "t")
     mm = RadixCache.load(tmp_path / "t", mmap=True)

@@ -342,6 +342,7 @@ def test_bad_tokens_change_nothing(bad, exc):
     assert same_state(before, state(pc))
 
 
+@pytest.mark.slow
 def test_narrow_dtype_overflow_changes_nothing():
     pc = PrefixCache(dtype=np.int32)
     pc.insert([1], values=[1])
@@ -579,3 +580,4 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
 
 TestPrefixCacheMachine = PrefixCacheMachine.TestCase
+TestPrefixCacheMachine.pytestmark = [pytest.mark.slow]  # a few hundred random runs

@@ -159,6 +159,7 @@ def test_tuples_ranges_and_noncontiguous_arrays():
     (np.uint16, 0, 2**16 - 1),
     (np.int16, -2**15, 2**15 - 1),
 ])
+@pytest.mark.slow
 def test_narrow_dtypes_store_their_range_and_reject_the_rest(dtype, lo, hi):
     rc = RadixCache(dtype=dtype)
     assert rc.dtype == np.dtype(dtype)

@@ -1,6 +1,7 @@
 """Hypothesis tests: RadixCache against the brute-force model and the object
 reference tree, with the invariants checked after every step."""
 
+import pytest
 import numpy as np
 from hypothesis import given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -46,6 +47,7 @@ def test_random_operation_sequences_match_model(operations, kind):
     assert [tuple(s.tolist()) for s in rc] == model.sorted()
 
 
+@pytest.mark.slow
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), max_size=40),
        st.sampled_from([np.int64, np.int32, np.uint16, np.int8]))
 def test_any_dtype_stores_the_same_tree(seqs, dtype):
@@ -127,3 +129,4 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
 
 TestRadixCacheMachine = RadixCacheMachine.TestCase
+TestRadixCacheMachine.pytestmark = [pytest.mark.slow]  # a few hundred random runs

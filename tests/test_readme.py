@@ -123,7 +123,12 @@ def test_the_docs_have_python_blocks_and_mark_the_data_ones():
     assert needing, "the studies page reads a real trace"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+# a page whose blocks start a Dask cluster runs in the slow part
+SLOW_DOCS = {"dask.md"}
+
+
+@pytest.mark.parametrize("doc", [pytest.param(d, marks=pytest.mark.slow) if d.name in SLOW_DOCS else d
+                                 for d in DOCS], ids=lambda d: d.name)
 def test_every_python_block_runs_on_its_own_without_the_data(checkout, doc):
     ran, checked = run_doc(doc, include_data=False)
     assert ran == sum(1 for *_, needs in blocks("python", doc) if not needs)

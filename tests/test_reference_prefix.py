@@ -712,3 +712,4 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
 
 TestPrefixCacheMachine = PrefixCacheMachine.TestCase
+TestPrefixCacheMachine.pytestmark = [pytest.mark.slow]  # a few hundred random runs

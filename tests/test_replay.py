@@ -256,6 +256,7 @@ def test_mooncake_unbounded_block_hit_rate(name, expected):
     assert capped.hit_rate < r.hit_rate and capped.peak_ids <= r.peak_ids // 10
 
 
+@pytest.mark.slow
 def test_mooncake_capacity_sweep_matches_the_reference_at_one_point():
     tr = mooncake("conversation_trace.jsonl")
     kw = dict(capacity=20_000, schedule="lpm", window=16)

@@ -252,6 +252,7 @@ def _as_format_2(path):
     write_header(path, header)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, make", [(RadixCache, small_tree), (PrefixCache, small_cache)])
 @pytest.mark.parametrize("mmap", [False, True])
 def test_a_format_2_save_loads_with_its_table_entries_rebuilt(tmp_path, cls, make, mmap):

@@ -316,6 +316,7 @@ def worker_chunks(seed, n_inserts=60):
     return chunks
 
 
+@pytest.mark.slow
 def test_router_index_threads_answer_as_a_serial_order(monkeypatch):
     """Workers apply their events from threads of their own (one refused
     apply among them, one worker removed at the end) while readers call

@@ -674,6 +674,7 @@ def test_kvcache_subagents_included(kv_files):
     assert t[i].tolist() == first["hash_ids"]
 
 
+@pytest.mark.slow
 @needs_data
 def test_kvcache_directory_namespaces(kv_files):
     t = load_kvcache_tester(KV)
