@@ -143,6 +143,9 @@ def router(args):
         sys.stderr.flush()
     try:
         svc.serve_forever(args.host, args.port, announce)
+    except OSError as e:  # a port in use, an address not of this machine
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: "
+                         f"{e.strerror or e}") from None
     finally:
         if subscriber is not None:
             subscriber.close()
