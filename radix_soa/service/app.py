@@ -58,8 +58,8 @@ from .._events.kv_events import EventError, namespace_seed
 from ..baselines import routing_rules as rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
-from .schema import (LOAD_FIELDS, BadRequest, check_keys, has_bool, loads_of, namespace_of,
-                     parse_body, tokens_of)
+from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,
+                     read_tokens)
 
 __all__ = ["RouterService", "POLICIES"]
 
@@ -211,20 +211,14 @@ class RouterService:
 
     # ------------------------------------------------------------ handlers
     async def _overlap(self, request):
-        raw = await request.read()
-        body = parse_body(raw)
-        check_keys(body, ("tokens", "namespace"))
-        tokens = tokens_of(body, maybe_bool=has_bool(raw))
+        body, tokens = read_tokens(await request.read(), ("tokens", "namespace"))
         rep = self.index.overlap_report(tokens, namespace_of(body))
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
                      "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
 
     async def _route(self, request):
-        raw = await request.read()
-        body = parse_body(raw)
-        check_keys(body, ROUTE_FIELDS)
-        tokens = tokens_of(body, maybe_bool=has_bool(raw))
+        body, tokens = read_tokens(await request.read(), ROUTE_FIELDS)
         ns = namespace_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
