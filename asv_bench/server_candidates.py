@@ -1,5 +1,5 @@
 """Which HTTP server the router service runs on: the same hello-world
-JSON handler (parse a body of 64 tokens, answer one small JSON object) on
+JSON handler (parse a body of 64 tokens, or --tokens, answer one small JSON object) on
 each candidate, in its own process, driven by radix_soa's keep-alive load
 generator over loopback (8 connections, a fixed count of requests).
 
@@ -86,13 +86,41 @@ app = Starlette(routes=[Route("/route", route, methods=["POST"])])
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
             log_level="warning", access_log=False)
 ''',
+    # the router service itself, 8 workers with nothing cached: what its
+    # handler adds to the library's floor
+    "radix-soa-router": r'''
+import sys
+import radix_soa as rs
+from radix_soa.service import RouterService
+ix = rs.RouterIndex(16, workers=[f"w{i}" for i in range(8)], strict=False)
+RouterService(ix).serve_forever("127.0.0.1", int(sys.argv[1]))
+''',
+    "router-gcfreeze": r'''
+import sys, gc
+import radix_soa as rs
+from radix_soa.service import RouterService
+ix = rs.RouterIndex(16, workers=[f"w{i}" for i in range(8)], strict=False)
+gc.collect(); gc.freeze()
+RouterService(ix).serve_forever("127.0.0.1", int(sys.argv[1]))
+''',
 }
+CANDIDATES = ["stdlib", "aiohttp", "asgi+uvicorn", "starlette+uvicorn"]
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` (Linux; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
 
 
 def wait_port(port, proc, timeout=20.0):
@@ -108,17 +136,19 @@ def wait_port(port, proc, timeout=20.0):
     raise RuntimeError("the server did not start")
 
 
-def measure(name, requests, connections):
+def measure(name, requests, connections, tokens=64):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVERS[name], str(port)])
     try:
         wait_port(port, proc)
         req = request_bytes("127.0.0.1", port, "/route",
-                            json.dumps({"tokens": list(range(64))}).encode())
+                            json.dumps({"tokens": list(range(1000, 1000 + tokens))}).encode())
         run_load("127.0.0.1", port, lambda i: req, 500, connections)  # warm
+        cpu0, me0 = cpu_seconds(proc.pid), time.process_time()
         r = run_load("127.0.0.1", port, lambda i: req, requests, connections)
+        cpu1, me1 = cpu_seconds(proc.pid), time.process_time()
         assert r.statuses == {200: requests}, r.statuses
-        return r
+        return r, (cpu1 - cpu0) / requests, (me1 - me0) / requests
     finally:
         proc.terminate()
         proc.wait(10)
@@ -129,18 +159,24 @@ def main():
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("names", nargs="*", default=list(SERVERS))
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per request body")
+    ap.add_argument("names", nargs="*", default=CANDIDATES,
+                    help=f"of {', '.join(SERVERS)} (default: the four candidates)")
     args = ap.parse_args()
-    print(f"{os.cpu_count()} cpus, {args.requests} requests, {args.connections} connections")
+    print(f"{os.cpu_count()} cpus, {args.requests} requests of {args.tokens} tokens, "
+          f"{args.connections} connections")
     runs = {n: [] for n in args.names}
     for _ in range(args.repeat):  # interleaved
         for n in args.names:
-            runs[n].append(measure(n, args.requests, args.connections))
-    print(f"{'server':<20} {'best req/s':>11} {'median':>9} {'p50 ms':>7} {'p99 ms':>7}")
+            runs[n].append(measure(n, args.requests, args.connections, args.tokens))
+    print(f"{'server':<20} {'best req/s':>11} {'median':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'server cpu us/req':>18} {'client':>7}")
     for n, rs in runs.items():
-        best = max(rs, key=lambda r: r.rate)
-        print(f"{n:<20} {best.rate:>11,.0f} {statistics.median(r.rate for r in rs):>9,.0f} "
-              f"{best.p(50) * 1e3:>7.2f} {best.p(99) * 1e3:>7.2f}")
+        best, cpu, me = max(rs, key=lambda r: r[0].rate)
+        print(f"{n:<20} {best.rate:>11,.0f} {statistics.median(r[0].rate for r in rs):>9,.0f} "
+              f"{best.p(50) * 1e3:>7.2f} {best.p(99) * 1e3:>7.2f} "
+              f"{statistics.median(r[1] for r in rs) * 1e6:>18.0f} "
+              f"{statistics.median(r[2] for r in rs) * 1e6:>7.0f}")
 
 
 if __name__ == "__main__":

@@ -414,8 +414,14 @@ class RouterService:
             app.router.add_route(method, path, self._wrap(path, h))
         return app
 
+    def _warm(self):
+        """Compile (or load) the kernels a route runs before the first one."""
+        read_tokens(b'{"tokens": [1, 2]}', ("tokens",))
+        self.index.overlap([1, 2])
+
     async def _open(self, host, port):
         from aiohttp import web
+        self._warm()
         self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
