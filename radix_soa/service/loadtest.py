@@ -93,6 +93,16 @@ def _metrics(port):
     return total
 
 
+def _cpu(pid):
+    """User + system CPU seconds of process ``pid`` (Linux; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def bodies(n, tokens, prefix, families, seed):
     """``n`` route bodies: a family's system prompt then a private tail."""
     rng = np.random.default_rng(seed)
@@ -134,8 +144,10 @@ def run(opts, out=sys.stdout):
         pubs.stdin.flush()
         run_load("127.0.0.1", port, lambda i: reqs[i % len(reqs)], 2000, opts.connections)
         before, t0 = _metrics(port), time.perf_counter()
+        cpu0 = (_cpu(server.pid), _cpu(pubs.pid), time.process_time())
         r = run_load("127.0.0.1", port, lambda i: reqs[i % len(reqs)], opts.requests,
                      opts.connections)
+        cpu1 = (_cpu(server.pid), _cpu(pubs.pid), time.process_time())
         after, t1 = _metrics(port), time.perf_counter()
         pubs.stdin.write("stop\n")
         pubs.stdin.flush()
@@ -151,6 +163,9 @@ def run(opts, out=sys.stdout):
                 / (t1 - t0),
                 "gaps": after.get("radix_soa_router_event_gaps_total", 0),
                 "degraded": after.get("radix_soa_router_degraded_workers", 0),
+                "server_cpu_us_per_route": (cpu1[0] - cpu0[0]) / opts.requests * 1e6,
+                "publishers_cpu_share": (cpu1[1] - cpu0[1]) / (t1 - t0),
+                "client_cpu_us_per_route": (cpu1[2] - cpu0[2]) / opts.requests * 1e6,
                 "published": sent}
     finally:
         for p in (server, pubs):
@@ -170,7 +185,8 @@ def profile(opts):
 
     import radix_soa as rs
     from .app import RouterService, _dumps
-    from .schema import has_bool, parse_body, tokens_of
+    from .app import ROUTE_FIELDS
+    from .schema import has_bool, parse_body, read_tokens, tokens_of
     ix = rs.RouterIndex(opts.page_size, workers=[f"w{i}" for i in range(opts.workers)],
                         strict=False)
     rng = np.random.default_rng(0)
@@ -182,6 +198,7 @@ def profile(opts):
             pc.insert(np.concatenate([fams[f], rng.integers(0, 1 << 20, 64)]))
         ix.apply(f"w{w}", pc.take_events())
     svc = RouterService(ix, policy=opts.policy)
+    svc._warm()
     raw = bodies(1, opts.tokens, opts.prefix, opts.families, 1)[0]
     body = parse_body(raw)
     t = tokens_of(body, maybe_bool=has_bool(raw))
@@ -194,8 +211,9 @@ def profile(opts):
                                                                   "active_blocks",
                                                                   "prefill_tokens"), rows[0])),
             "degraded": []}
-    parts = {"json.loads": lambda: parse_body(raw),
-             "tokens check": lambda: tokens_of(body, maybe_bool=has_bool(raw)),
+    parts = {"read_tokens (the service's)": lambda: read_tokens(raw, ROUTE_FIELDS),
+             "json.loads + np.array (instead)": lambda: tokens_of(parse_body(raw),
+                                                                  maybe_bool=has_bool(raw)),
              "overlap_report": lambda: ix.overlap_report(t),
              "policy rule": lambda: svc.choose(opts.policy, t, None, v, ov, rows),
              "answer json": lambda: _dumps(resp)}
@@ -245,7 +263,9 @@ def main(argv=None):
             print(f"run {i + 1}: {r['routes_per_s']:,.0f} routes/s, p50 {r['p50_ms']:.2f} ms, "
                   f"p99 {r['p99_ms']:.2f} ms, {r['events_per_s']:,.0f} events/s applied "
                   f"({r['batches_per_s']:,.0f} batches/s), gaps {r['gaps']:.0f}, degraded "
-                  f"{r['degraded']:.0f}", flush=True)
+                  f"{r['degraded']:.0f}; CPU per route: server {r['server_cpu_us_per_route']:.0f} "
+                  f"us, client {r['client_cpu_us_per_route']:.0f} us; publishers "
+                  f"{r['publishers_cpu_share']:.0%} of a core", flush=True)
     rates = [r["routes_per_s"] for r in runs]
     best = max(runs, key=lambda r: r["routes_per_s"])
     summary = {"best": best, "median_routes_per_s": statistics.median(rates), "runs": runs,
