@@ -53,21 +53,6 @@ app.router.add_post("/route", route)
 uvloop.install()
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 ''',
-    # aiohttp's low-level server: the handler without the application's router
-    "aiohttp-lowlevel": r'''
-import asyncio, json, sys
-import uvloop
-from aiohttp import web
-async def handler(request):
-    d = json.loads(await request.read())
-    return web.Response(body=json.dumps({"worker": len(d["tokens"]) % 8}).encode(),
-                        content_type="application/json")
-async def main():
-    server = web.Server(handler, access_log=None)
-    await asyncio.get_running_loop().create_server(server, "127.0.0.1", int(sys.argv[1]))
-    await asyncio.Event().wait()
-uvloop.run(main())
-''',
     "asgi+uvicorn": r'''
 import json, sys
 import uvicorn
@@ -108,14 +93,6 @@ import sys
 import radix_soa as rs
 from radix_soa.service import RouterService
 ix = rs.RouterIndex(16, workers=[f"w{i}" for i in range(8)], strict=False)
-RouterService(ix).serve_forever("127.0.0.1", int(sys.argv[1]))
-''',
-    "router-gcfreeze": r'''
-import sys, gc
-import radix_soa as rs
-from radix_soa.service import RouterService
-ix = rs.RouterIndex(16, workers=[f"w{i}" for i in range(8)], strict=False)
-gc.collect(); gc.freeze()
 RouterService(ix).serve_forever("127.0.0.1", int(sys.argv[1]))
 ''',
 }
