@@ -1006,10 +1006,11 @@ def section_router_churn(repeat):
 
 
 def section_router_service(repeat):
-    """The router service (radix-soa router, aiohttp) under load on loopback
-    while 8 workers stream KV events on vLLM's wire, beside the floor of its
-    server library: an aiohttp hello-world parsing the same bodies with
-    json.loads, driven by the same client. Interleaved, best and median."""
+    """The router service (radix-soa router: ASGI under uvicorn) under load
+    on loopback while 8 workers stream KV events on vLLM's wire, beside the
+    floor of its server library: a bare ASGI hello-world under uvicorn
+    parsing the same bodies with json.loads, driven by the same client, no
+    events. Interleaved, best and median."""
     import argparse as _argparse
     import statistics
 
@@ -1024,7 +1025,7 @@ def section_router_service(repeat):
     for i in range(repeat):
         progress(f"router_service run {i + 1} of {repeat}")
         svc.append(loadtest.run(opts))
-        floor.append(server_candidates.measure("aiohttp", requests, opts.connections,
+        floor.append(server_candidates.measure("asgi+uvicorn", requests, opts.connections,
                                                opts.tokens)[0])
     best = max(svc, key=lambda r: r["routes_per_s"])
     fbest = max(floor, key=lambda r: r.rate)
@@ -1034,7 +1035,7 @@ def section_router_service(repeat):
           f"{best['p50_ms']:.2f} ms, p99 {best['p99_ms']:.2f} ms), median {med:,.0f}; "
           f"{best['events_per_s']:,.0f} events/s applied meanwhile, degraded "
           f"{best['degraded']:.0f}; server CPU {best['server_cpu_us_per_route']:.0f} us/route")
-    print(f"  aiohttp hello-world, no events: best {fbest.rate:,.0f} requests/s (p50 "
+    print(f"  ASGI hello-world under uvicorn, no events: best {fbest.rate:,.0f} requests/s (p50 "
           f"{fbest.p(50) * 1e3:.2f} ms, p99 {fbest.p(99) * 1e3:.2f} ms), median {fmed:,.0f}")
     print(f"  router / hello-world: best {best['routes_per_s'] / fbest.rate:.2f}x, median "
           f"{med / fmed:.2f}x; goal 5,000 routes/s: "

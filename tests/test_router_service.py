@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("aiohttp", reason="the router extra (pip install -e '.[router]')")
+pytest.importorskip("uvicorn", reason="the router extra (pip install -e '.[router]')")
 
 import radix_soa as rs  # noqa: E402
 from radix_soa.baselines import routing_rules as rules  # noqa: E402

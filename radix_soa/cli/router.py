@@ -105,8 +105,8 @@ def add_parser(sub, bounded, pos_int, size):
 
 def router(args):
     import importlib.util
-    if importlib.util.find_spec("aiohttp") is None:
-        raise UsageError("radix-soa router needs aiohttp: pip install 'radix-soa[router]'")
+    if importlib.util.find_spec("uvicorn") is None:
+        raise UsageError("radix-soa router needs uvicorn: pip install 'radix-soa[router]'")
     from ..router_index import RouterIndex
     from ..service.app import RouterService
     ids = [w for w, _ in args.worker]

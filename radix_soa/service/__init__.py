@@ -1,7 +1,7 @@
 """``radix_soa.service``: the router service (``radix-soa router``), an
 HTTP front of a ``RouterIndex`` fed by the workers' KV events, answering
 per-worker overlap and the worker a request should go to (optional extra
-``router``: aiohttp). ``app`` holds the service, ``schema`` the request
+``router``: uvicorn, httptools, uvloop). ``app`` holds the service, ``schema`` the request
 checks, ``metrics`` the Prometheus text, ``loadgen`` and ``loadtest`` the
 bounded loopback load test."""
 

@@ -37,20 +37,26 @@ picked each worker for), the tie break of ``cache_aware``'s shortest queue
 (SGLang's processed count). The response's ``load`` is the chosen
 worker's load as the decision read it.
 
-**Server library.** aiohttp (aio-libs; releases every few weeks, C HTTP
-parser): on this 2-core VM a JSON hello-world route answered 10-19k
-requests/s on aiohttp over uvloop, 12-18k on a bare ASGI app under uvicorn
-with httptools, 13-17k on Starlette under uvicorn, and 6-10k on the
-stdlib ThreadingHTTPServer (``python asv_bench/server_candidates.py``;
-noisy shared machine). aiohttp is within the noise of the fastest, is one
-dependency where the ASGI route is two or three (server, parser, loop),
-and runs the app on an event loop the service owns, so the CLI, the tests
-and the load test start and stop it in-process on a free port in a few
-lines. uvloop is used when installed.
+**Server library.** The service is a bare ASGI application served by
+uvicorn (encode; releases monthly) with httptools' C parser and uvloop
+when installed (the ``router`` extra). ``python
+asv_bench/server_candidates.py`` ran the same JSON route on four
+candidates, each in its own process, driven by ``loadgen`` (8 keep-alive
+connections, 20,000 requests, 3 interleaved runs, busy 2-core VM): server
+CPU per request with 64-token bodies 49 us under uvicorn (bare ASGI), 66
+us aiohttp (uvloop), 70 us Starlette under uvicorn, 130 us the stdlib
+ThreadingHTTPServer; with 1,024-token bodies 98, 119, 122 and 217 us.
+Requests/s follow (1,024 tokens, median: 7,634, 6,699, 6,395, 4,580) but
+swing with the machine's other load; the CPU a request costs is the
+steadier measure, and what bounds routes/s on two cores. The bare ASGI
+app is also the fewest layers (no framework: seven endpoints are a dict),
+and uvicorn takes a pre-bound socket, so the command line, the tests and
+the load test run it on a free port from a thread in a few lines.
 """
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -68,7 +74,8 @@ LOADS = ("requests", "tokens")
 ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/metrics")
 ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
 MAX_BODY = 64 << 20
-_JSON = "application/json"
+_JSON = b"application/json"
+_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 def _dumps(obj):
@@ -147,7 +154,8 @@ class RouterService:
         self._counts = {}     # (endpoint, status) -> requests
         self._loop = None
         self._thread = None
-        self._runner = None
+        self._server = None
+        self._routes = self._table()
         self.port = None
         self.started = time.time()
 
@@ -210,15 +218,15 @@ class RouterService:
         return rules.prefix_hash_choice(key, view.ring), "hash"
 
     # ------------------------------------------------------------ handlers
-    async def _overlap(self, request):
-        body, tokens = read_tokens(await request.read(), ("tokens", "namespace"))
+    def _overlap(self, raw):
+        body, tokens = read_tokens(raw, ("tokens", "namespace"))
         rep = self.index.overlap_report(tokens, namespace_of(body))
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
                      "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
 
-    async def _route(self, request):
-        body, tokens = read_tokens(await request.read(), ROUTE_FIELDS)
+    def _route(self, raw):
+        body, tokens = read_tokens(raw, ROUTE_FIELDS)
         ns = namespace_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
@@ -245,8 +253,8 @@ class RouterService:
                      "load": dict(zip(LOAD_FIELDS, rows[pos])),
                      "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded]}
 
-    async def _load(self, request):
-        body = parse_body(await request.read())
+    def _load(self, raw):
+        body = parse_body(raw)
         check_keys(body, ("loads", "add"))
         if not body:
             raise BadRequest("give loads (counts to set) or add (counts to add)")
@@ -269,8 +277,8 @@ class RouterService:
         return 200, {"loads": {n: dict(zip(LOAD_FIELDS, self._load_row(w)))
                                for n, w in zip(v.names, v.ids)}}
 
-    async def _events(self, request):
-        body = parse_body(await request.read())
+    def _events(self, raw):
+        body = parse_body(raw)
         check_keys(body, ("worker", "events", "seq"))
         name = body.get("worker")
         if not isinstance(name, str) or not name:
@@ -307,7 +315,7 @@ class RouterService:
             out["posted_batches"], out["posted_events"] = p
         return out
 
-    async def _workers(self, request):
+    def _workers(self, raw):
         ix = self.index
         v = self._current(ix.workers)
         degraded = ix.degraded
@@ -323,7 +331,7 @@ class RouterService:
         return 200, {"workers": out, "page_size": ix.page_size, "event_hash": ix.event_hash,
                      "policy": self.policy, "pages": len(ix)}
 
-    async def _healthz(self, request):
+    def _healthz(self, raw):
         ix = self.index
         n, bad = len(ix.workers), len(ix.degraded)
         sub = self.subscriber
@@ -373,60 +381,66 @@ class RouterService:
                       [("", mem["pages"])])
         return "".join(out)
 
-    async def _metrics(self, request):
+    def _metrics(self, raw):
         return 200, self.metrics_text()
 
     # ------------------------------------------------------------ plumbing
-    def _wrap(self, path, handler):
-        from aiohttp import web
-        hist = self._hist[path]
-        counts = self._counts
+    def _table(self):
+        return {"/overlap": ("POST", self._overlap), "/route": ("POST", self._route),
+                "/load": ("POST", self._load), "/events": ("POST", self._events),
+                "/workers": ("GET", self._workers), "/healthz": ("GET", self._healthz),
+                "/metrics": ("GET", self._metrics)}
 
-        async def handle(request):
-            t0 = time.perf_counter()
+    async def __call__(self, scope, receive, send):
+        """The ASGI application (HTTP only)."""
+        if scope["type"] != "http":
+            return
+        t0 = time.perf_counter()
+        path = scope["path"]
+        entry = self._routes.get(path)
+        chunks = []
+        size = 0
+        while True:  # the whole body, bounded
+            m = await receive()
+            if m["type"] == "http.disconnect":
+                return
+            part = m.get("body", b"")
+            size += len(part)
+            if size <= MAX_BODY:
+                chunks.append(part)
+            if not m.get("more_body"):
+                break
+        extra = []
+        if entry is None:
+            status, out = 404, {"error": f"no endpoint {path[:100]}; the endpoints are "
+                                         f"{', '.join(ENDPOINTS)}"}
+        elif scope["method"] != entry[0]:
+            status, out = 405, {"error": f"{path} takes {entry[0]}"}
+            extra = [(b"allow", entry[0].encode())]
+        elif size > MAX_BODY:
+            status, out = 413, {"error": f"the body is larger than {MAX_BODY} bytes"}
+        else:
             try:
-                status, out = await handler(request)
+                status, out = entry[1](chunks[0] if len(chunks) == 1 else b"".join(chunks))
             except BadRequest as e:
                 status, out = 400, {"error": " ".join(str(e).split())}
-            if isinstance(out, str):
-                resp = web.Response(body=out.encode(), headers={
-                    "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-            else:
-                resp = web.Response(body=_dumps(out), content_type=_JSON)
-            resp.set_status(status)
-            hist.observe(time.perf_counter() - t0)
-            key = (path, status)
-            counts[key] = counts.get(key, 0) + 1
-            return resp
-        return handle
-
-    def make_app(self):
-        """The aiohttp ``web.Application``."""
-        from aiohttp import web
-        app = web.Application(client_max_size=MAX_BODY)
-        for path, h, method in (("/overlap", self._overlap, "POST"),
-                                ("/route", self._route, "POST"),
-                                ("/load", self._load, "POST"),
-                                ("/events", self._events, "POST"),
-                                ("/workers", self._workers, "GET"),
-                                ("/healthz", self._healthz, "GET"),
-                                ("/metrics", self._metrics, "GET")):
-            app.router.add_route(method, path, self._wrap(path, h))
-        return app
+        if isinstance(out, str):
+            payload, ctype = out.encode(), _TEXT
+        else:
+            payload, ctype = _dumps(out), _JSON
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype),
+                                (b"content-length", str(len(payload)).encode())] + extra})
+        await send({"type": "http.response.body", "body": payload})
+        key = (path if entry is not None else "other", status)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if entry is not None:
+            self._hist[path].observe(time.perf_counter() - t0)
 
     def _warm(self):
         """Compile (or load) the kernels a route runs before the first one."""
         read_tokens(b'{"tokens": [1, 2]}', ("tokens",))
         self.index.overlap([1, 2])
-
-    async def _open(self, host, port):
-        from aiohttp import web
-        self._warm()
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
 
     @staticmethod
     def _new_loop():
@@ -438,34 +452,49 @@ class RouterService:
 
     def start(self, host="127.0.0.1", port=0):
         """Serve from a background thread (the subscriber started too);
-        ``port`` 0 takes a free one (``self.port``). Returns self."""
+        ``port`` 0 takes a free one (``self.port``). ``OSError`` if it
+        cannot listen there. Returns self."""
+        import importlib.util
+
+        import uvicorn
         if self._thread is not None:
             raise RuntimeError("the service is already running")
-        ready = threading.Event()
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._warm()
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+        config = uvicorn.Config(self, http=http, lifespan="off", log_config=None,
+                                access_log=False, log_level="warning", backlog=2048)
+        server = self._server = uvicorn.Server(config)
         failed = []
 
         def run():
             loop = self._loop = self._new_loop()
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(self._open(host, port))
-            except BaseException as e:  # reported to start's caller
+                loop.run_until_complete(server.serve(sockets=[sock]))
+            except BaseException as e:  # pragma: no cover - reported to start's caller
                 failed.append(e)
-                ready.set()
+            finally:
                 loop.close()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
+                sock.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name="radix-soa-router")
         self._thread.start()
-        ready.wait(30)
-        if failed:
-            self._thread.join()
-            self._thread = None
-            raise failed[0]
+        deadline = time.monotonic() + 30
+        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not server.started:
+            self.stop()
+            raise failed[0] if failed else RuntimeError("the service did not start")
         if self.subscriber is not None:
             self.subscriber.start()
         return self
@@ -475,30 +504,25 @@ class RouterService:
         if self.subscriber is not None:
             self.subscriber.stop()
         if self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._server.should_exit = True
             self._thread.join(30)
             self._thread = None
 
     def serve_forever(self, host="127.0.0.1", port=8000, announce=None):
-        """Serve in this thread until SIGINT or SIGTERM (the command line);
-        ``announce(port)`` is called once listening."""
+        """Serve until SIGINT or SIGTERM (the command line; from the main
+        thread); ``announce(port)`` is called once listening."""
         import signal
-        loop = self._new_loop()
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(self._open(host, port))
-        if self.subscriber is not None:
-            self.subscriber.start()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, loop.stop)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover - not on Windows
-                pass
-        if announce is not None:
-            announce(self.port)
+        self.start(host, port)
+        stop = threading.Event()
+        old = {sig: signal.signal(sig, lambda *_: stop.set())
+               for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            loop.run_forever()
+            if announce is not None:
+                announce(self.port)
+            while not stop.wait(0.5):
+                if not self._thread.is_alive():
+                    break
         finally:
-            if self.subscriber is not None:
-                self.subscriber.stop()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            self.stop()
