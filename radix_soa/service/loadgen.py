@@ -13,7 +13,7 @@ the client would be the bottleneck of a loopback test.
 import asyncio
 import math
 import time
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple
 
 __all__ = ["LoadResult", "run_load", "percentile"]
 
@@ -58,7 +58,7 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self):
         self.buf = bytearray()
-        self.waiter: Optional[asyncio.Future] = None
+        self.waiter = None  # the future of the request in flight
         self.transport = None
 
     def connection_made(self, transport):
@@ -102,9 +102,9 @@ class _Conn(asyncio.Protocol):
 async def _run(host, port, make, count, connections):
     loop = asyncio.get_running_loop()
     conns = [(await loop.create_connection(_Conn, host, port))[1] for _ in range(connections)]
-    latencies: List[float] = []
-    statuses: dict = {}
-    bodies: dict = {}
+    latencies = []
+    statuses = {}
+    bodies = {}
     left = [count]
 
     async def worker(c):
@@ -138,8 +138,3 @@ def run_load(host: str, port: int, make: Callable[[int], bytes], count: int,
         except ImportError:
             pass
     return asyncio.run(_run(host, port, make, count, connections))
-
-
-def _requests_for(host, port, path, bodies: Sequence[bytes]):
-    reqs = [request_bytes(host, port, path, b) for b in bodies]
-    return lambda i: reqs[i % len(reqs)]
