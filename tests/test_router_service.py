@@ -384,3 +384,15 @@ def test_router_cli_serves_until_interrupted():
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+@pytest.mark.slow
+def test_the_load_test_runs_bounded_and_stops_by_itself():
+    pytest.importorskip("zmq")
+    from radix_soa.service import loadtest
+    opts = loadtest.parser().parse_args(["--workers", "2", "--requests", "300", "--connections",
+                                         "2", "--tokens", "64", "--prefix", "48",
+                                         "--event-rate", "20", "--repeat", "1"])
+    r = loadtest.run(opts)  # raises unless every route was answered 200
+    assert r["routes_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+    assert r["degraded"] == 0 and r["published"]["batches"] >= 2
