@@ -65,6 +65,8 @@ def test_fast_path_answers_as_json_does(toks, sep, ns, order, nested):
     b'{"namespace": {"tokens": [1]}}', b'{"tokens": [1], "tokens": [2]}',
     b'{"tokens": [1]', b'{"tokens" : [7 , 8]} ', b'{"tokens": [1]} x', b'{"tokens": [1e3]}',
     b'{"tokens": [1.0]}', b'{"namespace": "a\\"tokens\\": [1]", "tokens": [3]}',
+    b'{"loads": {"w0": {"tokens": [1]}}, "tokens": [3]}', b'{"loads": {"tokens": 4}, "tokens": [3]}',
+    b'{"a": "\\"tokens": [1]}', b'{"loads": {"w0": {"tokens": 2}}}',
 ])
 def test_hand_picked_bodies(raw):
     assert answer(raw) == oracle(raw)
@@ -74,3 +76,9 @@ def test_the_fast_path_is_taken_for_an_ordinary_body():
     raw = json.dumps({"tokens": list(range(1, 500)), "namespace": "x"}).encode()
     body, t = _fast_tokens(raw)
     assert t.tolist() == list(range(1, 500)) and body == {"tokens": [], "namespace": "x"}
+
+
+def test_the_fast_path_reads_a_route_that_carries_loads():
+    raw = json.dumps({"tokens": [3, 4, 5], "loads": {"w0": {"requests": 2, "tokens": 900}}}).encode()
+    body, t = _fast_tokens(raw)
+    assert t.tolist() == [3, 4, 5] and body["loads"] == {"w0": {"requests": 2, "tokens": 900}}

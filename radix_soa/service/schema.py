@@ -142,25 +142,36 @@ def number_of(body, field, default, minimum=None):
 _SPACE = b" \t\n\r"
 
 
-def _fast_tokens(raw):
-    """``(body, tokens)`` of a body whose one ``"tokens"`` key holds a plain
-    JSON array of integers, read by a kernel without building a Python
-    list; None whenever anything is unusual (a 19-digit id, a leading zero,
-    a float, a second "tokens" anywhere, the key not at the top), so that
-    the exact path decides."""
-    j = raw.find(b'"tokens"')
-    if j < 0 or raw.rfind(b'"tokens"') != j:
-        return None
-    j += 8
-    n = len(raw)
+def _list_after(raw, j, n):
+    """The position of the ``[`` of ``"key": [`` whose key ends at ``j``, or -1."""
     while j < n and raw[j] in _SPACE:
         j += 1
     if j >= n or raw[j] != 58:  # ':'
-        return None
+        return -1
     j += 1
     while j < n and raw[j] in _SPACE:
         j += 1
-    if j >= n or raw[j] != 91:  # '['
+    return j if j < n and raw[j] == 91 else -1  # '['
+
+
+def _fast_tokens(raw):
+    """``(body, tokens)`` of a body with one ``"tokens": [`` (other
+    ``"tokens"`` keys, such as a load's count, may hold numbers), a plain
+    JSON array of integers read by a kernel without building a Python
+    list; None whenever anything is unusual (a 19-digit id, a leading zero,
+    a float, two such lists, the key not at the top), so that the exact
+    path decides."""
+    n = len(raw)
+    j = -1
+    at = raw.find(b'"tokens"')
+    while at >= 0:
+        k = _list_after(raw, at + 8, n)
+        if k >= 0:
+            if j >= 0:
+                return None
+            j = k
+        at = raw.find(b'"tokens"', at + 8)
+    if j < 0:
         return None
     out = np.empty((n - j) // 2 + 1, np.int64)
     k, end = text_kernels.int_list(np.frombuffer(raw, np.uint8), j, out)
