@@ -1005,6 +1005,44 @@ def section_router_churn(repeat):
               f"{rep['bytes_per_page']:.1f} B per page, forgotten {rep['forgotten_pages']:,}")
 
 
+def section_router_service(repeat):
+    """The router service (radix-soa router: ASGI under uvicorn) under load
+    on loopback while 8 workers stream KV events on vLLM's wire, beside the
+    floor of its server library: a bare ASGI hello-world under uvicorn
+    parsing the same bodies with json.loads, driven by the same client, no
+    events. Interleaved, best and median."""
+    import argparse as _argparse
+    import statistics
+
+    import server_candidates
+    from radix_soa.service import loadtest
+    requests = size(20_000, 4_000)
+    opts = _argparse.Namespace(**{**loadtest.DEFAULTS, "requests": requests})
+    print(f"\n[router_service] {requests:,} POST /route of {opts.tokens} tokens ({opts.prefix} "
+          f"shared), {opts.connections} keep-alive connections, policy {opts.policy}; 8 workers "
+          f"publishing {opts.event_rate:g} event batches/s each; {os.cpu_count()} cpus")
+    svc, floor = [], []
+    for i in range(repeat):
+        progress(f"router_service run {i + 1} of {repeat}")
+        svc.append(loadtest.run(opts))
+        floor.append(server_candidates.measure("asgi+uvicorn", requests, opts.connections,
+                                               opts.tokens)[0])
+    best = max(svc, key=lambda r: r["routes_per_s"])
+    fbest = max(floor, key=lambda r: r.rate)
+    med = statistics.median(r["routes_per_s"] for r in svc)
+    fmed = statistics.median(r.rate for r in floor)
+    print(f"  radix-soa router: best {best['routes_per_s']:,.0f} routes/s (p50 "
+          f"{best['p50_ms']:.2f} ms, p99 {best['p99_ms']:.2f} ms), median {med:,.0f}; "
+          f"{best['events_per_s']:,.0f} events/s applied meanwhile, degraded "
+          f"{best['degraded']:.0f}; server CPU {best['server_cpu_us_per_route']:.0f} us/route")
+    print(f"  ASGI hello-world under uvicorn, no events: best {fbest.rate:,.0f} requests/s (p50 "
+          f"{fbest.p(50) * 1e3:.2f} ms, p99 {fbest.p(99) * 1e3:.2f} ms), median {fmed:,.0f}")
+    print(f"  router / hello-world: best {best['routes_per_s'] / fbest.rate:.2f}x, median "
+          f"{med / fmed:.2f}x; goal 5,000 routes/s: "
+          f"{'met' if best['routes_per_s'] >= 5000 else 'not met'} (best), "
+          f"{'met' if med >= 5000 else 'not met'} (median)")
+
+
 def _compare_floor():
     """A Numba loop comparing each query's tokens with a copy of them, in
     CSR order: the memory floor of a lookup that reads every query token
@@ -1206,7 +1244,8 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "containers": section_containers,
             "sglang": section_sglang, "sglang_loop": section_sglang_loop,
             "dask": section_dask, "events": section_events,
-            "router_dynamo": section_router_dynamo, "router_churn": section_router_churn}
+            "router_dynamo": section_router_dynamo, "router_churn": section_router_churn,
+            "router_service": section_router_service}
 
 
 def main():

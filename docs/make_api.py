@@ -25,6 +25,7 @@ MODULES = [
     ("radix_soa.studies.catalog", "the public traces and their download"),
     ("radix_soa.studies.report", "the capacity study's table and units"),
     ("radix_soa.dask", "a set of sequences sharded over Dask workers (the dask extra)"),
+    ("radix_soa.service", "the router service, radix-soa router (the router extra)"),
 ]
 
 

@@ -646,6 +646,26 @@ class RouterIndex(ReadersWriter):
                 raise KeyError(f"worker {worker!r} is not in the index")
             return "degraded" if worker in self._status else "exact"
 
+    def mark_degraded(self, worker, problem):
+        """Mark ``worker`` degraded because of ``problem`` (a str: an event
+        its feed lost, such as a malformed batch off the wire); its pages
+        stay. A worker already degraded keeps its first problem. It is exact
+        again after an ``AllBlocksCleared`` or ``apply_snapshot``;
+        ``KeyError`` for an unknown worker.
+
+        >>> import radix_soa as rs
+        >>> ix = rs.RouterIndex(page_size=2, workers=["w"])
+        >>> ix.mark_degraded("w", "batch 7 unreadable"); ix.degraded
+        {'w': 'batch 7 unreadable'}
+        """
+        worker = worker_id(worker)
+        if not isinstance(problem, str):
+            raise TypeError(f"problem must be a str; got {type(problem).__name__}")
+        with self._writing:
+            if worker not in self._cols:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            self._status.setdefault(worker, problem)
+
     @property
     def degraded(self):
         """The degraded workers, in registration order: a dict from worker

@@ -15,6 +15,7 @@ Modules, bottom up (a module calls only those above it in this list)::
                 kernel_scratch)
     prefetch    prefetch (a cache hint; an intrinsic)
     scan        count_zero_one (input checks)
+    text        skip_space -> int_list (a JSON array of integers: the router service's tokens)
     layout      Tree fields and index constants, meta slots, load limit, statuses
     table       mix64, key_hash, entry_of, child_named -> find_child, table_put, table_slot,
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room

@@ -13,42 +13,26 @@ tests compare the compiled cluster replay against.
 True
 """
 
-import bisect
 import heapq
 import math
 
 import numpy as np
 
+from .routing_rules import (cache_aware_choice, kv_overlap_choice, least_loaded_choice,
+                            prefix_hash_choice, prefix_key, ring_points)
 from .reference_prefix import ReferencePrefixCache
 from .replay_reference import _requests, serve_request
 
-MASK = (1 << 64) - 1
 ROUTERS = ("round_robin", "random", "least_loaded", "prefix_hash", "cache_aware", "kv_overlap")
-
-
-def mix64(x):
-    """splitmix64's finalizer on a Python int (64 bits)."""
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & MASK
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
-def signed(x):
-    return x - (1 << 64) if x >= 1 << 63 else x
 
 
 def prefix_hash(seq, namespace, k):
     """Hash of the namespace and the first ``k`` ids, as a signed int."""
-    h = mix64((namespace + 0x9E3779B97F4A7C15) & MASK)
-    for t in seq[:k]:
-        h = mix64(h ^ (t & MASK))
-    return signed(h)
+    return prefix_key(seq, namespace, k)
 
 
 def ring(workers, vnodes):
-    return sorted((signed(mix64((w << 32) + v)), w) for w in range(workers) for v in range(vnodes))
+    return ring_points(range(workers), vnodes)
 
 
 class ReferenceCluster:
@@ -107,9 +91,6 @@ def cluster_reference(trace, workers=8, capacity=None, router="cache_aware", pag
     def uncached(r):
         return inputs[r] - min(hits[r] * block, inputs[r])
 
-    def shortest_queue():
-        return min(range(nw), key=lambda w: (outstanding[w], processed[w], w))
-
     for i in range(n):
         clock = max(clock, times[i])
         t = clock
@@ -130,12 +111,9 @@ def cluster_reference(trace, workers=8, capacity=None, router="cache_aware", pag
         elif router == "random":
             w = rng[i]
         elif router == "least_loaded":
-            loads = out_tokens if load == "tokens" else outstanding
-            w = min(range(nw), key=lambda w: (loads[w], w))
+            w = least_loaded_choice(out_tokens if load == "tokens" else outstanding)
         elif router == "prefix_hash":
-            h = prefix_hash(q, ns[i], prefix_pages * page)
-            at = bisect.bisect_left(points, (h, -1))
-            w = points[at % len(points)][1]
+            w = prefix_hash_choice(prefix_hash(q, ns[i], prefix_pages * page), points)
         elif router == "cache_aware":
             if eviction_interval is not None and t >= next_evict:
                 if tree_max is not None:
@@ -146,27 +124,15 @@ def cluster_reference(trace, workers=8, capacity=None, router="cache_aware", pag
                     next_evict = t
                 while next_evict <= t and eviction_interval > 0:
                     next_evict += eviction_interval
-            lo, hi = min(outstanding), max(outstanding)
-            if hi - lo > balance_abs_threshold and hi > lo * balance_rel_threshold:
-                w = shortest_queue()
-            else:
-                lengths = [tree.match_length(q, namespace=ns[i]) for tree in approx]
-                best = max(lengths)
-                rate = best / len(q) if q else 0.0
-                w = lengths.index(best) if rate > cache_threshold else shortest_queue()
+            lengths = [tree.match_length(q, namespace=ns[i]) for tree in approx]
+            w, _ = cache_aware_choice(lengths, outstanding, processed, len(q), cache_threshold,
+                                      balance_abs_threshold, balance_rel_threshold)
             approx[w].match(q, namespace=ns[i])
             approx[w].insert(q, namespace=ns[i])
         else:  # kv_overlap
-            best = best_cost = None
-            mine = blocks(i)
-            for k in range(nw):
-                u = (rng[i] + k) % nw
-                ov = caches[u].match_length(q[:qn], namespace=ns[i])
-                prefill = queued[u] + inputs[i] - min(ov * block, inputs[i])
-                cost = overlap_score_weight * (prefill / tpb) + (active[u] + mine)
-                if best is None or cost < best_cost:
-                    best, best_cost = u, cost
-            w = best
+            overlaps = [caches[u].match_length(q[:qn], namespace=ns[i]) * block for u in range(nw)]
+            w = kv_overlap_choice(overlaps, queued, active, inputs[i], tpb, blocks(i),
+                                  overlap_score_weight, rng[i])
         assign[i] = w
         hits[i], res = serve_request(caches[w], q, ns[i])
         if res is None:

@@ -15,7 +15,9 @@ from ..studies.cluster import ROUTERS
 from ..studies.study import DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD
 from .args import (PROG, Parser, UsageError, bounded, capacity_list, host_size, kv_bytes,
                    nonneg_int, pos_int, router_list, warmup_arg, workers_list)
+from .args import size
 from .build import build
+from .router import add_parser as add_router_parser
 from .cluster import CLUSTER_POINTS, CLUSTER_ROUTERS
 from .study import study
 from .traces import traces as traces_command
@@ -30,7 +32,7 @@ def build_parser():
                     "own options).")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", title="subcommands",
-                                metavar="{study,build,warmup,traces}")
+                                metavar="{study,build,warmup,traces,router}")
 
     s = sub.add_parser(
         "study", help="how much prefill a prefix cache of each size saves on a workload or "
@@ -138,6 +140,8 @@ def build_parser():
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="bytes downloaded on stderr (default: only on a terminal)")
     t.set_defaults(func=traces_command)
+
+    add_router_parser(sub, bounded, pos_int, size)
     return parser
 
 

@@ -1,0 +1,537 @@
+"""A subscriber of vLLM's KV-event publishers feeding a ``RouterIndex``.
+
+vLLM (``--kv-events-config '{"enable_kv_cache_events": true, "publisher":
+"zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'``)
+publishes every engine's ``BlockStored`` / ``BlockRemoved`` /
+``AllBlocksCleared`` events in numbered batches on a ZMQ PUB socket and keeps
+the last batches for replay behind a ROUTER socket (the wire:
+``radix_soa.integrations.vllm_wire``, restated from vLLM 0.34.0 and 0.9.0,
+both event encodings). ``KVEventSubscriber(index, {worker: endpoint})``
+connects a SUB socket (and a DEALER for replays) to each worker's publisher
+and applies every batch to ``index`` as the worker's, in order, from one
+thread polling every socket (or from your own calls to ``poll_once``).
+
+What it does with the sequence numbers (each publisher numbers its batches
+from 0), per worker:
+
+- the first batch seen starts the worker's stream: its pages in the index
+  are cleared (``apply_snapshot(worker, [])``), and the batches before it,
+  from 0, are asked of the replay socket;
+- a batch past the next one expected is a gap: the missed ones are asked of
+  the replay socket, the batches arriving meanwhile are held, and all are
+  applied in order once the replay ends (its end marker, or
+  ``replay_timeout`` seconds). A batch the replay cannot give (gone from the
+  publisher's buffer, or no replay socket) leaves the gap to the index,
+  which marks the worker degraded (``RouterIndex.status``) and goes on
+  applying: the worker stays answerable;
+- a batch numbered below the highest seen on the PUB socket is a restart (a
+  new publisher counts from 0 again: the engine restarted and lost its
+  cache): the worker's pages are cleared and its stream starts again as
+  above. A batch numbered as the last one is a duplicate, skipped. (A
+  restarted engine whose new count has already passed the old one when the
+  subscriber reconnects cannot be told from a gap by the numbers alone.)
+- a malformed frame, payload or event (or one the index refuses: another
+  page size, bytes hashes in a ``fast64`` index) is counted in the worker's
+  ``errors`` with ``last_error`` naming the worker and seq; the batch is
+  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``).
+  Nothing a publisher sends stops the thread.
+
+Each batch applies with ``strict=False`` and ``seq`` = its number + 1 (0
+is the stream's start). Events of another ``medium`` than ``"GPU"`` (CPU
+offloading tiers) or another KV-cache group than ``group_idx`` 0 (a hybrid
+model's other groups, which repeat the same block hashes) are skipped and
+counted; ``medium=None`` / ``group_idx=None`` take them all.
+
+>>> import radix_soa as rs
+>>> from radix_soa.integrations.vllm_wire import WirePublisher
+>>> pub = WirePublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+>>> ix = rs.RouterIndex(page_size=2)
+>>> sub = KVEventSubscriber(ix, {"w0": (pub.endpoint, pub.replay_endpoint)})
+>>> pub.wait_subscribers(1)
+True
+>>> engine = rs.PrefixCache(page_size=2, events=True, values=False)   # stands in for vLLM's
+>>> _ = engine.insert([1, 2]); _ = pub.publish(engine.take_events(), send=False)  # lost
+>>> _ = engine.insert([1, 2, 3, 4]); _ = pub.publish(engine.take_events())
+>>> sub.wait(lambda: sub.stats("w0")["last_seq"] == 1, timeout=10)
+True
+>>> ix.overlap([1, 2, 3, 4]).tolist(), ix.status("w0"), sub.stats("w0")["gaps"]
+([4], 'exact', 1)
+>>> sub.close(); pub.close()
+"""
+
+import queue
+import threading
+import time
+from typing import NamedTuple
+
+from .vllm_wire import END_SEQ, decode_batch, zmq
+from .._events.kv_events import EventError
+from ..router_index import RouterIndex, worker_id
+
+__all__ = ["KVEventSubscriber", "Endpoint"]
+
+_STATS = ("batches", "events", "skipped", "gaps", "replayed", "replay_timeouts", "restarts",
+          "duplicates", "errors")
+
+
+class Endpoint(NamedTuple):
+    """Where a worker publishes: its PUB address (``tcp://host:5557``), its
+    replay (ROUTER) address or None, and the topic it publishes under."""
+    pub: str
+    replay: object = None
+    topic: str = ""
+
+
+def as_endpoint(spec, name="endpoint"):
+    """``spec`` as an ``Endpoint``: a PUB address str, a tuple ``(pub,
+    replay[, topic])``, a dict or an object with ``pub`` (and ``replay``,
+    ``topic``); ``TypeError`` / ``ValueError`` naming ``name`` otherwise.
+
+    >>> as_endpoint("tcp://h:5557"), as_endpoint({"pub": "tcp://h:1", "replay": "tcp://h:2"}).replay
+    (Endpoint(pub='tcp://h:5557', replay=None, topic=''), 'tcp://h:2')
+    """
+    if isinstance(spec, str):
+        ep = Endpoint(spec)
+    elif isinstance(spec, tuple) and not hasattr(spec, "pub"):
+        if not 1 <= len(spec) <= 3:
+            raise ValueError(f"{name}: a tuple is (pub, replay[, topic]); got {len(spec)} items")
+        ep = Endpoint(*spec)
+    elif isinstance(spec, dict):
+        unknown = set(spec) - set(Endpoint._fields)
+        if unknown or "pub" not in spec:
+            raise ValueError(f"{name}: a dict has 'pub' and maybe 'replay', 'topic'; got "
+                             f"{sorted(map(str, spec))}")
+        ep = Endpoint(**spec)
+    elif hasattr(spec, "pub"):
+        ep = Endpoint(spec.pub, getattr(spec, "replay", None), getattr(spec, "topic", "") or "")
+    else:
+        raise TypeError(f"{name} must be an address str, a (pub, replay[, topic]) tuple, a dict "
+                        f"or an object with .pub; got {type(spec).__name__}")
+    if not isinstance(ep.pub, str) or not ep.pub:
+        raise ValueError(f"{name}: the pub address must be a non-empty str; got {ep.pub!r}")
+    if ep.replay is not None and (not isinstance(ep.replay, str) or not ep.replay):
+        raise ValueError(f"{name}: the replay address must be None or a non-empty str; got "
+                         f"{ep.replay!r}")
+    if not isinstance(ep.topic, str):
+        raise TypeError(f"{name}: the topic must be a str; got {type(ep.topic).__name__}")
+    return ep
+
+
+class _Feed:
+    """One worker's sockets and stream state (touched by one thread)."""
+
+    def __init__(self, worker, endpoint, ctx):
+        self.worker, self.endpoint, self.ctx = worker, endpoint, ctx
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
+        self.sub.connect(endpoint.pub)
+        self.replay = None
+        self._connect_replay()
+        self.last = None        # the last seq handled (applied or lost)
+        self.high = None        # the highest seq seen on the PUB socket
+        self.pending = {}       # seq -> payload, held while a replay runs
+        self.deadline = None    # while a replay runs: when it is given up
+        self.stats = dict.fromkeys(_STATS, 0)
+        self.stats.update(last_seq=None, last_error=None, data_parallel_rank=None, ts=None)
+
+    def _connect_replay(self):
+        if self.endpoint.replay is not None:
+            self.replay = self.ctx.socket(zmq.DEALER)
+            self.replay.setsockopt(zmq.LINGER, 0)
+            self.replay.connect(self.endpoint.replay)
+
+    def reset_replay(self):
+        """A fresh DEALER: replies to a request given up never arrive."""
+        if self.replay is not None:
+            self.replay.close(0)
+            self._connect_replay()
+
+    def close(self):
+        self.sub.close(0)
+        if self.replay is not None:
+            self.replay.close(0)
+
+
+class KVEventSubscriber:
+    """Apply the KV events of vLLM workers' publishers to ``index`` (a
+    ``RouterIndex``) as they arrive: ``endpoints`` maps each worker id to
+    its publisher (an ``Endpoint``, a PUB address str, a ``(pub, replay[,
+    topic])`` tuple or a dict). ``start()`` runs one background thread
+    polling every worker's sockets; without it, ``poll_once(timeout_ms)``
+    does one round in the caller's thread. ``stats()`` counts per worker.
+    The class docstring of the module says what happens on gaps, restarts
+    and malformed frames.
+
+    ``replay_timeout``: seconds a replay may take before the batches held
+    are applied without it. ``poll_interval``: the thread's longest wait
+    (seconds), which bounds how long ``stop`` and ``add_endpoint`` wait.
+    ``medium`` / ``group_idx``: the events taken (see the module).
+    ``context``: a ``zmq.Context`` to use (by default one of its own, ended
+    by ``close``).
+    """
+
+    def __init__(self, index, endpoints=None, *, replay_timeout=2.0, poll_interval=0.05,
+                 medium="GPU", group_idx=0, context=None):
+        if not isinstance(index, RouterIndex):
+            raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
+        for name, v in (("replay_timeout", replay_timeout), ("poll_interval", poll_interval)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
+                raise ValueError(f"{name} must be a positive number of seconds; got {v!r}")
+        if medium is not None and not isinstance(medium, str):
+            raise TypeError(f"medium must be a str or None; got {type(medium).__name__}")
+        if group_idx is not None and type(group_idx) is not int:
+            raise TypeError(f"group_idx must be an int or None; got {type(group_idx).__name__}")
+        if endpoints is None:
+            endpoints = {}
+        if not hasattr(endpoints, "items"):
+            raise TypeError("endpoints must be a mapping from worker id to endpoint; got "
+                            f"{type(endpoints).__name__}")
+        specs = {}
+        for w, spec in endpoints.items():
+            w = worker_id(w)
+            if w in specs:
+                raise ValueError(f"endpoints names worker {w!r} twice")
+            specs[w] = as_endpoint(spec, f"endpoints[{w!r}]")
+        self.index = index
+        self.replay_timeout = float(replay_timeout)
+        self.poll_interval = float(poll_interval)
+        self.medium, self.group_idx = medium, group_idx
+        self._own_ctx = context is None
+        self._ctx = zmq.Context() if context is None else context
+        self._feeds = {}
+        self._by_socket = {}
+        self._poller = zmq.Poller()
+        self._io = threading.RLock()  # socket use outside the thread
+        self._commands = queue.SimpleQueue()
+        self._thread = None
+        self._stop = threading.Event()
+        self._closed = False
+        for w, ep in specs.items():
+            self._add(w, ep)
+
+    # ------------------------------------------------------------ workers
+    def _add(self, worker, ep):
+        if worker in self._feeds:
+            raise ValueError(f"worker {worker!r} already has an endpoint")
+        self.index.add_worker(worker)
+        feed = _Feed(worker, ep, self._ctx)
+        self._feeds[worker] = feed
+        self._register(feed.sub, feed, False)
+        if feed.replay is not None:
+            self._register(feed.replay, feed, True)
+
+    def _register(self, sock, feed, is_replay):
+        self._by_socket[sock] = (feed, is_replay)
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _unregister(self, sock):
+        self._poller.unregister(sock)
+        del self._by_socket[sock]
+
+    def _remove(self, worker, drop):
+        feed = self._feeds.pop(worker, None)
+        if feed is None:
+            raise KeyError(f"worker {worker!r} has no endpoint")
+        self._unregister(feed.sub)
+        if feed.replay is not None:
+            self._unregister(feed.replay)
+        feed.close()
+        if drop and worker in self.index:
+            self.index.remove_worker(worker)
+
+    def _call(self, fn, *args):
+        """Run ``fn`` where the sockets live: in the thread while it runs."""
+        if self._closed:
+            raise RuntimeError("the subscriber is closed")
+        thread = self._thread
+        if thread is None or threading.current_thread() is thread:
+            with self._io:
+                return fn(*args)
+        done, box = threading.Event(), []
+        self._commands.put((fn, args, done, box))
+        if not done.wait(max(10.0, 20 * self.poll_interval)) or not thread.is_alive():
+            raise RuntimeError("the subscriber's thread did not answer")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def add_endpoint(self, worker, endpoint):
+        """Subscribe to a new worker's publisher (also while running); the
+        worker joins the index. ``ValueError`` if it already has one."""
+        worker = worker_id(worker)
+        ep = as_endpoint(endpoint, f"endpoint of {worker!r}")
+        self._call(self._add, worker, ep)
+
+    def remove_endpoint(self, worker, *, drop=True):
+        """Stop subscribing to ``worker`` (``KeyError`` if unknown); with
+        ``drop`` (the default) it leaves the index too."""
+        self._call(self._remove, worker_id(worker), bool(drop))
+
+    @property
+    def workers(self):
+        """The workers subscribed to, in the order they were added."""
+        return list(self._feeds)
+
+    def endpoint(self, worker):
+        """The ``Endpoint`` of ``worker``."""
+        return self._feeds[worker_id(worker)].endpoint
+
+    def stats(self, worker=None):
+        """A worker's counts (a new dict): ``batches`` applied, ``events``
+        applied, ``skipped`` (another medium or group), ``gaps`` seen,
+        ``replayed`` batches, ``replay_timeouts``, ``restarts``,
+        ``duplicates``, ``errors``, ``last_seq``, ``last_error``,
+        ``data_parallel_rank`` and ``ts`` of the last batch; without
+        ``worker``, a dict of every worker's."""
+        if worker is None:
+            return {w: dict(f.stats) for w, f in list(self._feeds.items())}
+        return dict(self._feeds[worker_id(worker)].stats)
+
+    # ------------------------------------------------------------ running
+    def start(self):
+        """Start the polling thread (one for every worker); returns self."""
+        if self._closed:
+            raise RuntimeError("the subscriber is closed")
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="radix-soa-kv-events")
+            self._thread.start()
+        return self
+
+    def stop(self, timeout=5.0):
+        """Stop the thread and wait for it (at most ``timeout`` seconds; it
+        stops within about ``poll_interval``). ``True`` if it stopped."""
+        thread = self._thread
+        if thread is None:
+            return True
+        self._stop.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self._thread = None
+        return True
+
+    @property
+    def running(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self):
+        """Stop, close every socket (and the context, if its own)."""
+        if self._closed:
+            return
+        if not self.stop():
+            raise RuntimeError("the subscriber's thread did not stop")
+        with self._io:
+            for w in list(self._feeds):
+                self._remove(w, False)
+            self._closed = True
+            if self._own_ctx:
+                self._ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if not getattr(self, "_closed", True) and getattr(self, "_thread", None) is None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def __repr__(self):
+        return (f"KVEventSubscriber({len(self._feeds)} workers, "
+                f"{'running' if self.running else 'stopped'})")
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self._round(int(self.poll_interval * 1000))
+            except Exception:  # pragma: no cover - a bug; keep serving the others
+                time.sleep(self.poll_interval)
+
+    def poll_once(self, timeout_ms=0):
+        """One round in the caller's thread (not while ``start``ed): wait up
+        to ``timeout_ms`` for messages, handle those waiting, give up
+        overdue replays. The number of messages handled."""
+        if self._closed:
+            raise RuntimeError("the subscriber is closed")
+        if self.running:
+            raise RuntimeError("poll_once is for a subscriber not start()ed")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be a non-negative int; got {timeout_ms!r}")
+        with self._io:
+            return self._round(timeout_ms)
+
+    def wait(self, condition, timeout=10.0, *, step_ms=20):
+        """Poll (or, while running, wait) until ``condition()`` is true or
+        ``timeout`` seconds pass; whether it became true."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if condition():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.running:
+                time.sleep(min(step_ms / 1000, left))
+            else:
+                self.poll_once(max(1, min(step_ms, int(left * 1000))))
+
+    def _round(self, timeout_ms):
+        n = 0
+        while True:
+            try:
+                fn, args, done, box = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                box.append(fn(*args))
+            except BaseException as exc:
+                box.append(exc)
+            done.set()
+        wait = timeout_ms
+        if any(f.deadline is not None for f in self._feeds.values()):
+            wait = min(wait, 20)
+        for sock, _ in self._poller.poll(wait) if self._by_socket else ():
+            feed, is_replay = self._by_socket[sock]
+            for _ in range(1000):  # a bound, so one busy worker cannot starve the rest
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                n += 1
+                try:
+                    if is_replay:
+                        self._on_replay(feed, frames)
+                    else:
+                        self._on_pub(feed, frames)
+                except Exception as exc:  # a bug must not stop the feed
+                    self._error(feed, None, f"{type(exc).__name__}: {exc}")
+                if feed.worker not in self._feeds:
+                    break
+        if not self._by_socket and timeout_ms:
+            self._stop.wait(timeout_ms / 1000)
+        now = time.monotonic()
+        for feed in list(self._feeds.values()):
+            if feed.deadline is not None and now >= feed.deadline:
+                feed.stats["replay_timeouts"] += 1
+                self._drop_replay_socket(feed)
+                self._finish_replay(feed)
+        return n
+
+    # ------------------------------------------------------------ the stream
+    def _error(self, feed, seq, msg):
+        feed.stats["errors"] += 1
+        where = f"worker {feed.worker!r}" + ("" if seq is None else f" seq {seq}")
+        feed.stats["last_error"] = f"{where}: {msg}"
+        if feed.worker in self.index:
+            self.index.mark_degraded(feed.worker, f"{where}: a batch was lost: {msg}")
+
+    def _start_stream(self, feed):
+        self.index.apply_snapshot(feed.worker, [], seq=0)
+        feed.last = None
+
+    def _on_pub(self, feed, frames):
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._error(feed, None, f"a PUB message is (topic, 8-byte seq, payload); got "
+                        f"{len(frames)} frames" + (f", a seq of {len(frames[1])} bytes"
+                                                   if len(frames) == 3 else ""))
+            return
+        seq = int.from_bytes(frames[1], "big")
+        payload = frames[2]
+        if feed.high is not None and seq < feed.high:
+            feed.stats["restarts"] += 1
+            if feed.deadline is not None:  # a replay of the old stream: dropped
+                feed.deadline = None
+                feed.pending.clear()
+                self._drop_replay_socket(feed)
+            feed.high = None
+        if feed.high is None:
+            self._start_stream(feed)
+        elif seq == feed.high or (feed.last is not None and seq <= feed.last):
+            feed.stats["duplicates"] += 1
+            return
+        feed.high = seq
+        if feed.deadline is not None:
+            feed.pending[seq] = payload
+            return
+        expected = 0 if feed.last is None else feed.last + 1
+        if seq == expected:
+            self._apply(feed, seq, payload)
+            return
+        feed.stats["gaps"] += 1
+        if feed.replay is None:
+            self._apply(feed, seq, payload)  # the index sees the gap: degraded
+            return
+        try:
+            feed.replay.send_multipart([b"", expected.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            self._apply(feed, seq, payload)
+            return
+        feed.pending[seq] = payload
+        feed.deadline = time.monotonic() + self.replay_timeout
+
+    def _drop_replay_socket(self, feed):
+        old = feed.replay
+        if old is None:
+            return
+        self._unregister(old)
+        feed.reset_replay()
+        self._register(feed.replay, feed, True)
+
+    def _on_replay(self, feed, frames):
+        if frames and frames[0] == b"":
+            frames = frames[1:]
+        if len(frames) == 3:
+            frames = frames[1:]  # vLLM 0.34.0: the topic first
+        if len(frames) != 2 or len(frames[0]) != 8:
+            self._error(feed, None, f"a replay reply is ([topic,] 8-byte seq, payload); got "
+                        f"{len(frames)} frames")
+            return
+        if feed.deadline is None:
+            return  # not asked for: ignore
+        if frames[0] == END_SEQ:
+            self._finish_replay(feed)
+            return
+        seq = int.from_bytes(frames[0], "big")
+        feed.pending.pop(seq, None)
+        if feed.last is not None and seq <= feed.last:
+            return
+        feed.stats["replayed"] += 1
+        self._apply(feed, seq, frames[1])
+
+    def _finish_replay(self, feed):
+        feed.deadline = None
+        pending, feed.pending = feed.pending, {}
+        for seq in sorted(pending):
+            if feed.last is None or seq > feed.last:
+                self._apply(feed, seq, pending[seq])
+
+    def _apply(self, feed, seq, payload):
+        feed.last = seq
+        st = feed.stats
+        st["last_seq"] = seq
+        try:
+            batch = decode_batch(payload)
+            events = [e for e in batch.events if self._wanted(e)]
+            st["skipped"] += len(batch.events) - len(events)
+            self.index.apply(feed.worker, events, strict=False, seq=seq + 1)
+        except EventError as exc:
+            self._error(feed, seq, str(exc))
+            return
+        st["batches"] += 1
+        st["events"] += len(events)
+        st["data_parallel_rank"] = batch.data_parallel_rank
+        st["ts"] = batch.ts
+
+    def _wanted(self, e):
+        if e["type"] == "AllBlocksCleared":
+            return True
+        if self.medium is not None and e.get("medium") not in (None, self.medium):
+            return False
+        return self.group_idx is None or e.get("group_idx") in (None, self.group_idx)

@@ -1,0 +1,528 @@
+"""The router service: a ``RouterIndex`` fed by the workers' KV events,
+answering over HTTP which worker a request should go to.
+
+Endpoints (JSON bodies; tokens are a JSON list of ints):
+
+- ``POST /overlap`` ``{"tokens": [...], "namespace": null}`` ->
+  ``{"overlap": {worker: cached tokens}, "degraded": [worker, ...]}``;
+- ``POST /route`` ``{"tokens": [...], "namespace": null, "policy": ...,
+  "loads": {worker: {...}}}`` -> ``{"worker": w, "policy": p, "mode": m,
+  "overlap": {...}, "load": {...}, "degraded": [...]}``: the pick of
+  ``cache_aware``, ``kv_overlap``, ``least_loaded`` or ``prefix_hash``
+  (``radix_soa.baselines.routing_rules``, the rules the cluster study's
+  routers follow) from each worker's overlap and the load it was told;
+- ``POST /load`` ``{"loads": {worker: {...}}}`` sets loads, ``{"add":
+  {worker: {...}}}`` adds to them (all or nothing);
+- ``POST /events`` ``{"worker": w, "events": [event dicts], "seq": n}``:
+  a worker's KV events posted instead of (or beside) subscribed ones;
+- ``GET /workers``, ``GET /healthz``, ``GET /metrics`` (Prometheus text).
+
+**Load** (what "the load it was told" means). A worker's load is four
+counts: ``requests`` and ``tokens`` outstanding (``least_loaded``;
+``cache_aware``'s balance check and shortest queue read ``requests``),
+``active_blocks`` (KV blocks of its running requests) and
+``prefill_tokens`` (prompt tokens waiting for prefill; ``kv_overlap``'s
+cost reads both). The service does not proxy requests, so it cannot see
+them finish: it keeps the loads it is told. SGLang's gateway counts the
+requests it has in flight to each worker (up when it forwards one, down
+when the answer ends) and polls the workers' load; Dynamo's KV router
+counts each worker's active blocks and prefill tokens from its own
+routing decisions (up on add, down on prefill end and on free) beside the
+workers' reported metrics. Here the caller that forwards requests plays
+that part: ``POST /load`` with ``add`` (+1 request, +its tokens when it
+forwards, -1 when it ends) or with absolute ``loads`` (a load monitor's
+poll); a ``/route`` body's ``loads`` overrides the stored loads for that
+decision only. The service itself counts only ``routed`` (requests it
+picked each worker for), the tie break of ``cache_aware``'s shortest queue
+(SGLang's processed count). The response's ``load`` is the chosen
+worker's load as the decision read it.
+
+**Server library.** The service is a bare ASGI application served by
+uvicorn (encode; releases monthly) with httptools' C parser and uvloop
+when installed (the ``router`` extra). ``python
+asv_bench/server_candidates.py`` ran the same JSON route on four
+candidates, each in its own process, driven by ``loadgen`` (8 keep-alive
+connections, 20,000 requests, 3 interleaved runs, busy 2-core VM): server
+CPU per request with 64-token bodies 49 us under uvicorn (bare ASGI), 66
+us aiohttp (uvloop), 70 us Starlette under uvicorn, 130 us the stdlib
+ThreadingHTTPServer; with 1,024-token bodies 98, 119, 122 and 217 us.
+Requests/s follow (1,024 tokens, median: 7,634, 6,699, 6,395, 4,580) but
+swing with the machine's other load; the CPU a request costs is the
+steadier measure, and what bounds routes/s on two cores. The bare ASGI
+app is also the fewest layers (no framework: seven endpoints are a dict),
+and uvicorn takes a pre-bound socket, so the command line, the tests and
+the load test run it on a free port from a thread in a few lines.
+"""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+from .._events.kv_events import EventError, namespace_seed
+from ..baselines import routing_rules as rules
+from ..router_index import RouterIndex
+from .metrics import Histogram, family, label
+from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,
+                     read_tokens)
+
+__all__ = ["RouterService", "POLICIES"]
+
+POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
+LOADS = ("requests", "tokens")
+ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/metrics")
+ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
+MAX_BODY = 64 << 20
+_JSON = b"application/json"
+_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def _dumps(obj):
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class _View:
+    """The workers at one instant: ids in ``RouterIndex.workers`` order,
+    their names (str ids, the JSON keys) and positions by name."""
+
+    def __init__(self, ids):
+        self.ids = ids
+        self.names = [str(w) for w in ids]
+        self.pos = {n: i for i, n in enumerate(self.names)}
+        self.ring = None
+
+
+class RouterService:
+    """An HTTP router over ``index`` (a ``RouterIndex``; ``strict=False`` so
+    a worker with a lost event is marked degraded, not refused).
+
+    ``subscriber``: what feeds the index, such as
+    ``radix_soa.integrations.vllm.KVEventSubscriber`` (anything with
+    ``start()``, ``stop()`` and ``stats(worker)``), started and stopped
+    with the service; None: events come by ``POST /events`` only.
+    ``policy``: the default of ``/route``. The policy options are those of
+    ``radix_soa.replay_cluster`` (SGLang's and Dynamo's defaults).
+
+    >>> import http.client, json
+    >>> import radix_soa as rs
+    >>> ix = rs.RouterIndex(page_size=2, workers=["a", "b"], strict=False)
+    >>> svc = RouterService(ix).start("127.0.0.1", 0)
+    >>> c = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=10)
+    >>> pc = rs.PrefixCache(page_size=2, events=True, values=False); _ = pc.insert([1, 2, 3, 4])
+    >>> c.request("POST", "/events", json.dumps({"worker": "b", "events":
+    ...     [e.to_dict() for e in pc.take_events()]})); c.getresponse().read()
+    b'{"worker":"b","applied":1}'
+    >>> c.request("POST", "/route", json.dumps({"tokens": [1, 2, 3, 4, 5]}))
+    >>> r = c.getresponse(); r.status, json.loads(r.read())["worker"]
+    (200, 'b')
+    >>> svc.stop()
+    """
+
+    def __init__(self, index, *, subscriber=None, policy="cache_aware", cache_threshold=0.5,
+                 balance_abs_threshold=32, balance_rel_threshold=1.1, overlap_weight=1.0,
+                 load="requests", prefix_pages=4, vnodes=64):
+        if not isinstance(index, RouterIndex):
+            raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+        if load not in LOADS:
+            raise ValueError(f"load must be one of {', '.join(LOADS)}; got {load!r}")
+        for name, v, lo in (("cache_threshold", cache_threshold, 0),
+                            ("balance_abs_threshold", balance_abs_threshold, 0),
+                            ("balance_rel_threshold", balance_rel_threshold, 0),
+                            ("overlap_weight", overlap_weight, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < 1e18:
+                raise ValueError(f"{name} must be a number >= {lo}; got {v!r}")
+        for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes)):
+            if type(v) is not int or not 1 <= v <= 1 << 16:
+                raise ValueError(f"{name} must be an int in [1, 65536]; got {v!r}")
+        self.index = index
+        self.subscriber = subscriber
+        self.policy = policy
+        self.options = {"cache_threshold": cache_threshold,
+                        "balance_abs_threshold": balance_abs_threshold,
+                        "balance_rel_threshold": balance_rel_threshold,
+                        "overlap_weight": overlap_weight, "load": load,
+                        "prefix_pages": prefix_pages, "vnodes": vnodes}
+        self._loads = {}      # worker id -> [requests, tokens, active_blocks, prefill_tokens]
+        self._routed = {}     # worker id -> requests routed to it
+        self._posted = {}     # worker id -> [batches, events] posted to /events
+        self._kv_turn = 0     # kv_overlap's tie-break start
+        self._view = _View([])
+        self._hist = {e: Histogram() for e in ENDPOINTS}
+        self._counts = {}     # (endpoint, status) -> requests
+        self._loop = None
+        self._thread = None
+        self._server = None
+        self._routes = self._table()
+        self.port = None
+        self.started = time.time()
+
+    @classmethod
+    def from_endpoints(cls, endpoints, *, page_size=16, event_hash="fast64",
+                       event_hash_seed=None, max_bytes=None, **options):
+        """A service over a fresh ``RouterIndex`` fed by a
+        ``KVEventSubscriber`` of ``endpoints`` (worker id -> vLLM publisher
+        endpoint, as the subscriber takes them); needs the ``vllm`` extra."""
+        from ..integrations.vllm import KVEventSubscriber
+        ix = RouterIndex(page_size, workers=list(endpoints), event_hash=event_hash,
+                         event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
+        return cls(ix, subscriber=KVEventSubscriber(ix, endpoints), **options)
+
+    # ------------------------------------------------------------ state
+    def _current(self, ids):
+        v = self._view
+        if v.ids != ids:
+            v = self._view = _View(ids)
+        return v
+
+    def _load_row(self, w):
+        row = self._loads.get(w)
+        if row is None:
+            row = self._loads[w] = [0, 0, 0, 0]
+        return row
+
+    def loads(self):
+        """Every worker's stored load: ``{name: {field: count}}``."""
+        v = self._current(self.index.workers)
+        return {n: dict(zip(LOAD_FIELDS, self._load_row(w))) for n, w in zip(v.names, v.ids)}
+
+    # ------------------------------------------------------------ the decision
+    def choose(self, policy, tokens, namespace, view, overlaps, loads):
+        """``(position, mode)`` of the worker ``policy`` picks, from the
+        ``overlaps`` (tokens each worker caches) and ``loads`` (a row of
+        ``LOAD_FIELDS`` counts per worker), in ``view``'s order."""
+        o = self.options
+        n = len(tokens)
+        if policy == "cache_aware":
+            return rules.cache_aware_choice(
+                overlaps, [r[0] for r in loads], [self._routed.get(w, 0) for w in view.ids], n,
+                o["cache_threshold"], o["balance_abs_threshold"], o["balance_rel_threshold"])
+        if policy == "kv_overlap":
+            page = self.index.page_size
+            start = self._kv_turn % len(overlaps)
+            self._kv_turn += 1
+            return rules.kv_overlap_choice(
+                overlaps, [r[3] for r in loads], [r[2] for r in loads], n, page,
+                -(-n // page), o["overlap_weight"], start), "cost"
+        if policy == "least_loaded":
+            col = 1 if o["load"] == "tokens" else 0
+            return rules.least_loaded_choice([r[col] for r in loads]), "load"
+        if view.ring is None:
+            view.ring = rules.ring_points([rules.ring_key(w) for w in view.ids], o["vnodes"])
+        ns = 0 if namespace is None else (namespace_seed(namespace)
+                                          if isinstance(namespace, str) else namespace)
+        key = rules.prefix_key(tokens[:o["prefix_pages"] * self.index.page_size].tolist(), ns,
+                               o["prefix_pages"] * self.index.page_size)
+        return rules.prefix_hash_choice(key, view.ring), "hash"
+
+    # ------------------------------------------------------------ handlers
+    def _overlap(self, raw):
+        body, tokens = read_tokens(raw, ("tokens", "namespace"))
+        rep = self.index.overlap_report(tokens, namespace_of(body))
+        v = self._current(list(rep.scores))
+        return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
+                     "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
+
+    def _route(self, raw):
+        body, tokens = read_tokens(raw, ROUTE_FIELDS)
+        ns = namespace_of(body)
+        policy = body.get("policy", self.policy)
+        if policy not in POLICIES:
+            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+        rep = self.index.overlap_report(tokens, ns)
+        v = self._current(list(rep.scores))
+        if not v.ids:
+            return 503, {"error": "no workers are registered"}
+        rows = [self._load_row(w) for w in v.ids]
+        told = body.get("loads")
+        if told is not None:
+            told = loads_of(told, v.pos)
+            rows = [list(r) for r in rows]
+            for name, one in told.items():
+                r = rows[v.pos[name]]
+                for k, x in one.items():
+                    r[LOAD_FIELDS.index(k)] = x
+        overlaps = list(rep.scores.values())
+        pos, mode = self.choose(policy, tokens, ns, v, overlaps, rows)
+        w = v.ids[pos]
+        self._routed[w] = self._routed.get(w, 0) + 1
+        return 200, {"worker": v.names[pos], "policy": policy, "mode": mode,
+                     "overlap": dict(zip(v.names, overlaps)),
+                     "load": dict(zip(LOAD_FIELDS, rows[pos])),
+                     "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded]}
+
+    def _load(self, raw):
+        body = parse_body(raw)
+        check_keys(body, ("loads", "add"))
+        if not body:
+            raise BadRequest("give loads (counts to set) or add (counts to add)")
+        v = self._current(self.index.workers)
+        sets = loads_of(body["loads"], v.pos) if "loads" in body else {}
+        adds = loads_of(body["add"], v.pos, "add", delta=True) if "add" in body else {}
+        new = {}
+        for name in set(sets) | set(adds):  # checked whole before any change
+            row = list(self._load_row(v.ids[v.pos[name]]))
+            for k, x in sets.get(name, {}).items():
+                row[LOAD_FIELDS.index(k)] = x
+            for k, x in adds.get(name, {}).items():
+                i = LOAD_FIELDS.index(k)
+                if row[i] + x < 0:
+                    raise BadRequest(f"add[{name!r}][{k!r}]: {row[i]} + {x} would be below 0")
+                row[i] += x
+            new[name] = row
+        for name, row in new.items():
+            self._loads[v.ids[v.pos[name]]] = row
+        return 200, {"loads": {n: dict(zip(LOAD_FIELDS, self._load_row(w)))
+                               for n, w in zip(v.names, v.ids)}}
+
+    def _events(self, raw):
+        body = parse_body(raw)
+        check_keys(body, ("worker", "events", "seq"))
+        name = body.get("worker")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"worker must be a non-empty string; got {name!r}")
+        events = body.get("events")
+        if not isinstance(events, list):
+            raise BadRequest("events must be a list of event objects")
+        seq = body.get("seq")
+        if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
+            raise BadRequest(f"seq must be an integer >= 0; got {seq!r}")
+        v = self._current(self.index.workers)
+        w = v.ids[v.pos[name]] if name in v.pos else name
+        try:
+            self.index.apply(w, events, seq=seq)
+        except EventError as e:
+            raise BadRequest(f"events: {e}") from None
+        except (TypeError, ValueError, OverflowError, KeyError) as e:
+            raise BadRequest(f"events: {e}") from None
+        p = self._posted.setdefault(w, [0, 0])
+        p[0] += 1
+        p[1] += len(events)
+        return 200, {"worker": name, "applied": len(events)}
+
+    def _event_stats(self, w):
+        out = {}
+        sub = self.subscriber
+        if sub is not None:
+            try:
+                out = dict(sub.stats(w))
+            except KeyError:
+                out = {}
+        p = self._posted.get(w)
+        if p is not None:
+            out["posted_batches"], out["posted_events"] = p
+        return out
+
+    def _workers(self, raw):
+        ix = self.index
+        v = self._current(ix.workers)
+        degraded = ix.degraded
+        out = []
+        for n, w in zip(v.names, v.ids):
+            stats = self._event_stats(w)
+            out.append({"id": n, "status": "degraded" if w in degraded else "exact",
+                        "problem": degraded.get(w), "load": dict(zip(LOAD_FIELDS,
+                                                                     self._load_row(w))),
+                        "routed": self._routed.get(w, 0),
+                        "events": {k: x for k, x in stats.items()
+                                   if isinstance(x, (int, float, str, type(None)))}})
+        return 200, {"workers": out, "page_size": ix.page_size, "event_hash": ix.event_hash,
+                     "policy": self.policy, "pages": len(ix)}
+
+    def _healthz(self, raw):
+        ix = self.index
+        n, bad = len(ix.workers), len(ix.degraded)
+        sub = self.subscriber
+        events_ok = sub is None or getattr(sub, "running", True)
+        return 200, {"status": "ok" if events_ok else "events stopped", "workers": n,
+                     "degraded": bad, "uptime_seconds": round(time.time() - self.started, 3)}
+
+    def metrics_text(self):
+        """The Prometheus text of ``/metrics``."""
+        ix = self.index
+        v = self._current(ix.workers)
+        degraded = ix.degraded
+        mem = ix.memory_report()
+        p = "radix_soa_router_"
+        out = family(p + "requests_total", "counter", "HTTP requests answered, by endpoint "
+                     "and status", [(f'endpoint="{label(e)}",status="{s}"', c)
+                                    for (e, s), c in sorted(self._counts.items())])
+        out += [f"# HELP {p}request_seconds Time to answer a request, by endpoint\n",
+                f"# TYPE {p}request_seconds histogram\n"]
+        for e, h in self._hist.items():
+            if h.count:
+                out += h.lines(p + "request_seconds", f'endpoint="{label(e)}"')
+        wl = [(n, w, f'worker="{label(n)}"') for n, w in zip(v.names, v.ids)]
+        out += family(p + "routed_total", "counter", "Requests routed to each worker",
+                      [(lab, self._routed.get(w, 0)) for n, w, lab in wl])
+        stats = {w: self._event_stats(w) for _, w, _ in wl}
+        for name, key, what in (("events_applied_total", "events", "KV events applied"),
+                                ("event_batches_total", "batches", "event batches applied"),
+                                ("event_gaps_total", "gaps", "gaps in the batch numbers seen"),
+                                ("event_errors_total", "errors", "malformed batches"),
+                                ("event_restarts_total", "restarts", "publisher restarts seen")):
+            out += family(p + name, "counter", f"{what}, by worker (subscribed)",
+                          [(lab, stats[w].get(key, 0)) for n, w, lab in wl])
+        out += family(p + "events_posted_total", "counter", "KV events posted to /events",
+                      [(lab, stats[w].get("posted_events", 0)) for n, w, lab in wl])
+        out += family(p + "worker_degraded", "gauge", "1 if the worker's pages are not known "
+                      "exactly", [(lab, int(w in degraded)) for n, w, lab in wl])
+        out += family(p + "worker_load", "gauge", "The load each worker was told to have",
+                      [(f'{lab},kind="{k}"', x) for n, w, lab in wl
+                       for k, x in zip(LOAD_FIELDS, self._load_row(w))])
+        out += family(p + "workers", "gauge", "Registered workers", [("", len(v.ids))])
+        out += family(p + "degraded_workers", "gauge", "Degraded workers",
+                      [("", len(degraded))])
+        out += family(p + "index_bytes", "gauge", "Bytes of the index's arrays",
+                      [("", mem["bytes"])])
+        out += family(p + "index_pages", "gauge", "Distinct pages some worker holds",
+                      [("", mem["pages"])])
+        return "".join(out)
+
+    def _metrics(self, raw):
+        return 200, self.metrics_text()
+
+    # ------------------------------------------------------------ plumbing
+    def _table(self):
+        return {"/overlap": ("POST", self._overlap), "/route": ("POST", self._route),
+                "/load": ("POST", self._load), "/events": ("POST", self._events),
+                "/workers": ("GET", self._workers), "/healthz": ("GET", self._healthz),
+                "/metrics": ("GET", self._metrics)}
+
+    async def __call__(self, scope, receive, send):
+        """The ASGI application (HTTP only)."""
+        if scope["type"] != "http":
+            return
+        t0 = time.perf_counter()
+        path = scope["path"]
+        entry = self._routes.get(path)
+        chunks = []
+        size = 0
+        while True:  # the whole body, bounded
+            m = await receive()
+            if m["type"] == "http.disconnect":
+                return
+            part = m.get("body", b"")
+            size += len(part)
+            if size <= MAX_BODY:
+                chunks.append(part)
+            if not m.get("more_body"):
+                break
+        extra = []
+        if entry is None:
+            status, out = 404, {"error": f"no endpoint {path[:100]}; the endpoints are "
+                                         f"{', '.join(ENDPOINTS)}"}
+        elif scope["method"] != entry[0]:
+            status, out = 405, {"error": f"{path} takes {entry[0]}"}
+            extra = [(b"allow", entry[0].encode())]
+        elif size > MAX_BODY:
+            status, out = 413, {"error": f"the body is larger than {MAX_BODY} bytes"}
+        else:
+            try:
+                status, out = entry[1](chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            except BadRequest as e:
+                status, out = 400, {"error": " ".join(str(e).split())}
+        if isinstance(out, str):
+            payload, ctype = out.encode(), _TEXT
+        else:
+            payload, ctype = _dumps(out), _JSON
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype),
+                                (b"content-length", str(len(payload)).encode())] + extra})
+        await send({"type": "http.response.body", "body": payload})
+        key = (path if entry is not None else "other", status)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if entry is not None:
+            self._hist[path].observe(time.perf_counter() - t0)
+
+    def _warm(self):
+        """Compile (or load) the kernels a route runs before the first one."""
+        read_tokens(b'{"tokens": [1, 2]}', ("tokens",))
+        self.index.overlap([1, 2])
+
+    @staticmethod
+    def _new_loop():
+        try:
+            import uvloop
+            return uvloop.new_event_loop()
+        except ImportError:
+            return asyncio.new_event_loop()
+
+    def start(self, host="127.0.0.1", port=0):
+        """Serve from a background thread (the subscriber started too);
+        ``port`` 0 takes a free one (``self.port``). ``OSError`` if it
+        cannot listen there. Returns self."""
+        import importlib.util
+
+        import uvicorn
+        if self._thread is not None:
+            raise RuntimeError("the service is already running")
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._warm()
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+        config = uvicorn.Config(self, http=http, lifespan="off", log_config=None,
+                                access_log=False, log_level="warning", backlog=2048)
+        server = self._server = uvicorn.Server(config)
+        failed = []
+
+        def run():
+            loop = self._loop = self._new_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(server.serve(sockets=[sock]))
+            except BaseException as e:  # pragma: no cover - reported to start's caller
+                failed.append(e)
+            finally:
+                loop.close()
+                sock.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="radix-soa-router")
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not server.started:
+            self.stop()
+            raise failed[0] if failed else RuntimeError("the service did not start")
+        if self.subscriber is not None:
+            self.subscriber.start()
+        return self
+
+    def stop(self):
+        """Stop serving and the subscriber; waits for the thread."""
+        if self.subscriber is not None:
+            self.subscriber.stop()
+        if self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(30)
+            self._thread = None
+
+    def serve_forever(self, host="127.0.0.1", port=8000, announce=None):
+        """Serve until SIGINT or SIGTERM (the command line; from the main
+        thread); ``announce(port)`` is called once listening."""
+        import signal
+        self.start(host, port)
+        stop = threading.Event()
+        old = {sig: signal.signal(sig, lambda *_: stop.set())
+               for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if announce is not None:
+                announce(self.port)
+            while not stop.wait(0.5):
+                if not self._thread.is_alive():
+                    break
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            self.stop()
