@@ -56,7 +56,7 @@ class Request:
     """
 
     __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
-                 "_inputs")
+                 "_inputs", "_batch", "_addr")
 
     def __init__(self, owner, namespace, out, evict_out, priority=0, state=None):
         self._st = np.zeros(REQUEST_SIZE, np.int64) if state is None else state
@@ -69,6 +69,8 @@ class Request:
         # (step, out) of the last two checkpoint/finish/abort calls, at index
         # step % 2: ``out`` holds what the call handed back (None: an abort)
         self._inputs = [None, None]
+        self._batch = None  # (RequestBatch, row) of a request begun by begin_batch
+        self._addr = -1     # the address of its state row, once known (the batch kernels)
 
     @property
     def open(self) -> bool:
@@ -111,8 +113,15 @@ class Request:
         free) or ``finish`` (``Finished``) returned; None before either."""
         st = self._st.tolist()
         staged = self._inputs[st[R_STEPS] & 1]
-        if staged is None or staged[0] != st[R_STEPS] or staged[1] is None:
-            return None  # nothing staged for this step, or an abort
+        if staged is None or staged[0] != st[R_STEPS]:
+            member = self._batch  # staged for the whole batch it was begun in
+            staged = None if member is None else member[0]._staged_for(member[1], st[R_STEPS])
+            if staged is None:
+                return None
+        if staged[1] is None:
+            return None  # an abort
+        if type(staged[1]) is tuple:  # (stage of a batch call, row in that call)
+            return staged[1][0].result(staged[1][1], st)
         return self._result(st, staged[1])
 
     def _result(self, st, out):
@@ -517,9 +526,19 @@ class ServingMixin:
         (True, None, [])
         """
         with self._lock:
-            live = {k: r for k, r in self._requests.items() if r.open}
+            live, out = {}, []
+            for key, r in self._requests.items():
+                if type(r) is Request:
+                    if r.open:
+                        live[key] = r
+                        out.append(r)
+                    continue
+                opened = np.flatnonzero(r.open)  # a RequestBatch: its open requests
+                if opened.size:
+                    live[key] = r
+                    out.extend(r[int(i)] for i in opened)
             self._requests = live
-            return list(live.values())
+            return out
 
     # ------------------------------------------------------------ whole-cache
     def reset(self) -> None:
@@ -597,7 +616,7 @@ class ServingMixin:
     def _check_requests(self):
         """Invariant of the open requests (``check_invariants``): the
         in-flight count is their reservations' sum."""
-        open_now = [r for r in self._requests.values() if r.open]
+        open_now = self.open_requests()
         if self.inflight_tokens != sum(r.reserved for r in open_now):
             raise InvariantError("in-flight tokens == the open requests' reservations")
 
