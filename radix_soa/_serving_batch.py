@@ -8,9 +8,12 @@ How it stays all or nothing (``_kernels/lifecycle_batch``): room for the
 whole batch is reserved before the kernel changes anything, every request
 is checked on its own first, and a batch whose requests could be refused
 because of one another (under a capacity that evicting might not satisfy,
-or lock counts near their limit) runs on a copy of the tree's node arrays,
-child table and counters (tokens are append-only and shared), published
-in one update if every request went through.
+or lock counts near their limit) is run with a copy of the tree's node
+arrays, child table and counters beside it (``_backup``; tokens and values
+are append-only), from which the same kernel call restores the tree, the
+request states and the event log if a request is refused. A capacity that
+needs evicting in a checkpoint or finish batch therefore costs a copy of
+the node arrays per call.
 """
 
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Union
@@ -23,13 +26,13 @@ from ._input.sequence import check_fits
 from ._input.types import BatchLike, Namespace
 from ._input.validate import MAX_SEQUENCE_TOKENS, check_int, check_length
 from ._kernels import lifecycle_batch as batch_kernels
-from ._kernels.layout import (DONE, FULL, LIMIT, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS,
+from ._kernels.layout import (DONE, LIMIT, LOCK_LIMIT, M_INFLIGHT, M_LOCKED_TOKENS,
                               M_TOKENS, OPEN, R_BEGUN, R_CACHED, R_FREED, R_GEN, R_LAST_CACHED,
                               R_LAST_FREED, R_LAST_GEN, R_LAST_NODE, R_NODE, R_PHASE, R_RESERVED,
                               R_STEPS, REQUEST_SIZE)
 from ._serving import Request
 from ._tree.results import NOTHING_EVICTED, CacheFullError, EvictResult, Finished
-from ._tree.storage import TreeStorage
+from ._kernels.directory import directory_of
 
 if TYPE_CHECKING:
     from ._events.event_log import EventLog
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 _INT64 = np.dtype(np.int64)
 _NO_VALUES = np.empty(0, np.int64)
 _NO_ROWS = np.empty(0, np.int64)
+_NO_STATES = np.empty((0, REQUEST_SIZE), np.int64)
 _ROW_BYTES = 8 * REQUEST_SIZE
 _new = tuple.__new__
 
@@ -287,14 +291,14 @@ class BatchLifecycleMixin:
             if self._events is not None:
                 ev = self._events.ev(self, begin_log_size(self, capacity, need) + 8 * k)
 
-            def call(t, live):
-                return kernel(t.directory, t.like, root, known, flat, offsets, self._page, out,
-                              count, capacity, reserves, evict_out, states, _NO_ROWS, live, info,
-                              ev)
+            def call(live, B, saved):
+                return kernel(s.directory, s.like, root, known, flat, offsets, self._page, out,
+                              count, capacity, reserves, evict_out, states, _NO_ROWS, live, B,
+                              saved, info, ev)
 
-            status = s.run(lambda: call(s, True))
-            if status == batch_kernels.UNSURE:
-                status = self._on_copy(call, ev, states, _NO_ROWS)
+            status = s.run(lambda: call(True, s.directory, _NO_STATES))
+            if status == batch_kernels.UNSURE:  # room is there now: one more call, undone if refused
+                status = call(False, *self._backup(k))
             if status != DONE:
                 del self._requests[id(rb)]
                 i = int(info[0])
@@ -371,39 +375,17 @@ class BatchLifecycleMixin:
         bound = min(excess + need + k * self._page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
         return np.empty(max(bound, 0), np.int64)
 
-    def _on_copy(self, call, ev, states, rows):
-        """Run ``call(storage, False)`` on a copy of the tree (tokens and
-        values shared: they are append-only) and publish the copy if it
-        went through; else drop it, with the request states and the event
-        log as they were. Returns the status."""
+    def _backup(self, k):
+        """``(B, saved)`` for the run of an ``UNSURE`` batch: the directory
+        of a copy of every array of the tree but the tokens and values, and
+        room for ``k`` request states (``_kernels.lifecycle_batch._undo``)."""
         s = self._s
         t = s.tree
         copies = {name: getattr(t, name).copy() for name in s.per_node_arrays}
         copies.update(term=t.term.copy(), table=t.table.copy(), meta=t.meta.copy())
-        twin = TreeStorage.from_tree(t._replace(**copies), dtype=s.dtype, values=s.has_values,
-                                     track=s.track, page_size=s.page_size, root=s.root,
-                                     readonly=False)
-        saved = np.empty((rows.shape[0], REQUEST_SIZE), np.int64)
-        if rows.shape[0]:
-            batch_kernels.gather_rows(saved, rows)
-        else:
-            saved = states.copy()
-        mark = None if ev is None else int(ev[0][0])
-        published = False
-        try:
-            status = twin.run(lambda: call(twin, False))
-            if status == DONE:
-                s._publish(twin.tree)
-                published = True
-            return status
-        finally:
-            if not published:  # the live tree is as it was: so are the states and the log
-                if rows.shape[0]:
-                    batch_kernels.scatter_rows(saved, rows)
-                else:
-                    states[:] = saved
-                if mark is not None:
-                    ev[0][0] = mark
+        backup = t._replace(**copies)
+        B = directory_of(backup) if isinstance(s.directory, np.ndarray) else tuple(backup)
+        return B, np.empty((k, REQUEST_SIZE), np.int64)
 
     def _cache_batch(self, requests, batch, values, finishing):
         if self._s.readonly:
@@ -461,14 +443,15 @@ class BatchLifecycleMixin:
             self._stage_batch(requests, members, states, stage)
             kernel = batch_kernels.req_cache_batch
 
-            def call(t, live):
-                return kernel(t.directory, t.like, roots, nss, flat, offsets, ns_, vflat,
+            def call(live, B, saved):
+                return kernel(s.directory, s.like, roots, nss, flat, offsets, ns_, vflat,
                               voffsets, page, self._cap, self._count_inflight, out, seg, res,
-                              evout, evres, priorities, states, rows, finishing, live, info, ev)
+                              evout, evres, priorities, states, rows, finishing, live, B, saved,
+                              info, ev)
 
-            status = s.run(lambda: call(s, True))
-            if status == batch_kernels.UNSURE:
-                status = self._on_copy(call, ev, states, rows)
+            status = s.run(lambda: call(True, s.directory, _NO_STATES))
+            if status == batch_kernels.UNSURE:  # room is there now: one more call, undone if refused
+                status = call(False, *self._backup(k))
             if (roots < 0).any() or len(self._roots) != s.count("roots"):
                 self._roots_in_sync()
             if status != DONE:

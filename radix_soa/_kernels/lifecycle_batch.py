@@ -8,11 +8,12 @@ the whole batch (``ROOM``: grow, call again), then every request on its
 own (a closed request, tokens that leave its cached prefix: that status,
 ``info[0]`` the request), then whether any request could be refused
 because of the others (``UNSURE``: the capacity could be reached, or a lock
-count could reach its limit). Only a batch that passes all of these runs on
-the live tree, and then nothing in it can fail. An ``UNSURE`` batch is run
-by the caller on a copy of the tree's arrays (``live=False``: no safety
-checks), which the caller publishes if every request went through and
-drops otherwise.
+count could reach its limit). A batch that passes all of these runs
+(``live``) and nothing in it can fail. The caller runs an ``UNSURE`` batch
+again with ``live=False`` and ``B``, a copy of the tree's arrays taken
+just before: if a request is refused, the same call puts the tree, the
+request states and the event log back as they were (``_undo``) before it
+returns, so no Python line runs between a half-done batch and its undo.
 
 Request states are rows of ``states`` (``rows`` empty) or, with the
 directory, at the addresses in ``rows`` (requests begun apart, whose state
@@ -26,7 +27,7 @@ from numba.extending import overload
 from .config import kernel
 from .descent import descend
 from .directory import HAS_DIRECTORY, tree_at
-from .layout import (DONE, FULL, LENGTH, LOCK, LOCK_LIMIT, MISMATCH, M_INFLIGHT, M_LOCKED_TOKENS,
+from .layout import (CXOR, DONE, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, LOCK_LIMIT, NCHILD, OWN, STAMP, TERM, MISMATCH, M_INFLIGHT, M_LOCKED_TOKENS,
                      M_TOKENS, META, NO_NODE, PARENT, R_CACHED, R_FREED, R_LOCKED, R_NODE,
                      R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_N, R_LAST_PARTIAL, R_RESERVED,
                      REQUEST_SIZE, STALE, START, TABLE, TOKENS)
@@ -73,7 +74,7 @@ def _top_lock_of(T, root, q, page):
 
 @kernel
 def req_begin_batch(D, like, root, known, flat, offsets, page, out, count, capacity, reserves,
-                    evict_out, states, rows, live, info, ev=None):
+                    evict_out, states, rows, live, B, saved, info, ev=None):
     """``req_begin`` of every sequence of the CSR batch ``flat``/``offsets``
     (``reserves[i] < 0``: the default reservation), matched values at the
     sequence's own offsets in ``out``, evicted values one after another in
@@ -102,6 +103,7 @@ def req_begin_batch(D, like, root, known, flat, offsets, page, out, count, capac
                     break
         if not sure:
             return UNSURE
+    mark = _keep(states, rows, live, saved, ev)
     e = 0
     has_values = out.shape[0] > 0
     for i in range(k):
@@ -111,10 +113,61 @@ def req_begin_batch(D, like, root, known, flat, offsets, page, out, count, capac
                           count, capacity, reserves[i], evict_out[e:], st, ev)
         if status != DONE:
             info[0] = i
+            _undo(T, tree_at(B, like), states, rows, saved, ev, mark)
             return status
         e += st[R_FREED]
     info[0] = k
     return DONE
+
+
+@kernel
+def _keep(states, rows, live, saved, ev):
+    """Before a run on an ``UNSURE`` batch (not ``live``): the request
+    states to ``saved``; returns the event log's write position."""
+    if not live:
+        for i in range(saved.shape[0]):
+            st = row_at(states, rows, i)[0]
+            for j in range(REQUEST_SIZE):
+                saved[i, j] = st[j]
+    if ev is not None:
+        return ev[0][0]
+    return 0
+
+
+@kernel
+def _put(a, b):
+    for i in range(a.shape[0]):
+        a[i] = b[i]
+
+
+@kernel
+def _undo(T, B, states, rows, saved, ev, mark):
+    """Put back what an ``UNSURE`` batch changed before a request of it was
+    refused: every array but the tokens and values (append-only: the
+    restored high-water mark hides what was appended) from the copy ``B``
+    taken before the run, the request states from ``saved``, and the event
+    log's write position. A ``live`` batch never gets here."""
+    _put(T[START], B[START])
+    _put(T[LENGTH], B[LENGTH])
+    _put(T[PARENT], B[PARENT])
+    _put(T[NCHILD], B[NCHILD])
+    _put(T[CXOR], B[CXOR])
+    _put(T[TERM], B[TERM])
+    _put(T[TABLE], B[TABLE])
+    _put(T[LOCK], B[LOCK])
+    _put(T[STAMP], B[STAMP])
+    _put(T[HPOS], B[HPOS])
+    _put(T[HEAP], B[HEAP])
+    _put(T[HKEY], B[HKEY])
+    _put(T[GEN], B[GEN])
+    _put(T[OWN], B[OWN])
+    _put(T[META], B[META])
+    for i in range(saved.shape[0]):
+        st = row_at(states, rows, i)[0]
+        for j in range(REQUEST_SIZE):
+            st[j] = saved[i, j]
+    if ev is not None:
+        ev[0][0] = mark
 
 
 @kernel
@@ -141,8 +194,8 @@ def _prefix_holds(T, q, st):
 
 @kernel
 def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, page, cap, count,
-                    out, seg, res, evout, evres, priorities, states, rows, finishing, live, info,
-                    ev=None):
+                    out, seg, res, evout, evres, priorities, states, rows, finishing, live, B,
+                    saved, info, ev=None):
     """``req_checkpoint`` (``finishing`` False) or ``req_finish`` of request
     ``i`` with ``flat[offsets[i]:offsets[i+1]]``, its first ``ns_[i]`` tokens
     cached (values ``vflat`` at ``voffsets``, or empty) under the capacity
@@ -194,6 +247,7 @@ def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, pa
                         break
         if not sure:
             return UNSURE
+    mark = _keep(states, rows, live, saved, ev)
     for i in range(k):
         st = row_at(states, rows, i)[0]
         q = flat[offsets[i]:offsets[i + 1]]
@@ -207,6 +261,7 @@ def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, pa
         info[0] = i
         if root < 0:  # as _insert_one: refused before the root is made
             if c >= 0 and room_needed(T, n, 0, page, c) < 0:
+                _undo(T, tree_at(B, like), states, rows, saved, ev, mark)
                 return FULL
             root = make_root(T, True, nss[i])
             for j in range(i, k):
@@ -217,6 +272,7 @@ def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, pa
         else:
             status = checkpoint_at(T, root, nss[i], q, n, vals, page, c, o, priorities[i], st, ev)
         if status != DONE:
+            _undo(T, tree_at(B, like), states, rows, saved, ev, mark)
             return status
     _pack(out, seg, res, evout, evres, states, rows, finishing, has_values)
     info[0] = k
@@ -255,19 +311,11 @@ def _pack(out, seg, res, evout, evres, states, rows, finishing, has_values):
         evres[i + 1] = e + (freed if finishing else 0)
 
 
+
 @kernel
 def gather_rows(states, rows):
-    """Copy the state rows at ``rows`` (or none: ``rows`` empty) into ``states``."""
+    """Copy the state rows at the addresses ``rows`` into ``states``."""
     for i in range(rows.shape[0]):
         st = row_at(states, rows, i)[0]
         for j in range(REQUEST_SIZE):
             states[i, j] = st[j]
-
-
-@kernel
-def scatter_rows(states, rows):
-    """Write ``states`` back to the state rows at ``rows`` (``gather_rows`` undone)."""
-    for i in range(rows.shape[0]):
-        st = row_at(states, rows, i)[0]
-        for j in range(REQUEST_SIZE):
-            st[j] = states[i, j]
