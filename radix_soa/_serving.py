@@ -89,8 +89,15 @@ class Request:
 
     @property
     def values(self) -> Optional[np.ndarray]:
-        """The values of the prefix ``begin`` found cached (None without values)."""
-        return self._out[:int(self._st[R_BEGUN])] if self.owner.has_values else None
+        """The values of the prefix ``begin`` found cached (None without
+        values). A request of ``begin_batch`` without ``out=`` reads them
+        from its locked path, so only while it is open (else ``ValueError``)."""
+        if not self.owner.has_values:
+            return None
+        if self._out is None:  # begun by begin_batch: read from the cache
+            batch, i = self._batch
+            return batch._begun_values([i])[0]
+        return self._out[:int(self._st[R_BEGUN])]
 
     @property
     def reserved(self) -> int:

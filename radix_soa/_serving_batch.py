@@ -110,7 +110,7 @@ class RequestBatch:
     path) or any list of requests."""
 
     __slots__ = ("owner", "epoch", "namespace", "priority", "_states", "_base", "_out",
-                 "_offsets", "_evict_out", "_members", "_staged")
+                 "_offsets", "_evict_out", "_members", "_staged", "_evicts")
 
     def __init__(self, owner, namespace, priority, states, out, offsets, evict_out):
         self.owner = owner
@@ -124,6 +124,7 @@ class RequestBatch:
         self._evict_out = evict_out
         self._members: List[Optional[Request]] = [None] * states.shape[0]
         self._staged: Any = None  # (steps each row reaches, _Stage) of the last batch call
+        self._evicts = None  # offsets of each request's evicted values in _evict_out
 
     def __len__(self) -> int:
         return self._states.shape[0]
@@ -138,8 +139,9 @@ class RequestBatch:
             a = int(self._offsets[i])
             st = self._states[i]
             ev_off = self._evict_offsets()
+            out = self._out
             r = Request(self.owner, self.namespace,
-                        self._out[a:int(self._offsets[i + 1])] if self._out.shape[0] else self._out,
+                        None if out is None else out[a:int(self._offsets[i + 1])],
                         self._evict_out[ev_off[i]:ev_off[i + 1]], self.priority, st)
             r.epoch = self.epoch
             r._batch = (self, i)
@@ -158,9 +160,35 @@ class RequestBatch:
         return steps, (staged[1], i)
 
     def _evict_offsets(self):
-        off = np.zeros(len(self) + 1, np.int64)
-        np.cumsum(self._states[:, R_FREED], out=off[1:])
+        off = self._evicts
+        if off is None:  # R_FREED is written by begin only
+            off = np.zeros(len(self) + 1, np.int64)
+            np.cumsum(self._states[:, R_FREED], out=off[1:])
+            self._evicts = off
         return off
+
+    def _begun_values(self, rows):
+        """The begun values of ``rows`` (a list of row numbers), read from
+        their locked paths: a list of arrays."""
+        owner = self.owner
+        lengths = self._states[rows, R_BEGUN]
+        off = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=off[1:])
+        out = np.empty(int(off[-1]), np.int64)
+        addrs = np.asarray(rows, np.int64) * _ROW_BYTES + self._base
+        with owner._lock:
+            if self.epoch is not owner._epoch:
+                status = -1
+            else:
+                s = owner._s
+                status = batch_kernels.begun_values(s.directory, s.like, _NO_STATES, addrs, out,
+                                                    off)
+        if status != DONE:
+            raise ValueError(f"request {rows[-1 - status] if status < 0 else rows[0]} of the "
+                             "batch is closed (or lost its lock): the values its begin matched "
+                             "are read from the cache while it is open; pass begin_batch(out=) "
+                             "to keep them")
+        return [out[off[j]:off[j + 1]] for j in range(len(rows))]
 
     @property
     def cached(self) -> np.ndarray:
@@ -186,12 +214,17 @@ class RequestBatch:
 
     @property
     def values(self) -> Optional[Batch]:
-        """The values of the prefix each begin found cached (None without values)."""
+        """The values of the prefix each begin found cached (None without
+        values); without ``begin_batch(out=)``, read from the cache, so only
+        while every request is open."""
         if not self.owner.has_values:
             return None
         lengths = self._states[:, R_BEGUN]
         off = np.zeros(len(self) + 1, np.int64)
         np.cumsum(lengths, out=off[1:])
+        if self._out is None:  # read from the locked paths
+            parts = self._begun_values(list(range(len(self))))
+            return _batch_of(np.concatenate(parts) if parts else _NO_VALUES, off)
         pos = np.repeat(self._offsets[:-1] - off[:-1], lengths) + np.arange(int(off[-1]))
         return _batch_of(self._out[pos], off)
 
@@ -212,6 +245,7 @@ class BatchLifecycleMixin:
 
     _s: Any
     _writing: Any
+    _lock: Any
     _page: int
     _cap: int
     _count_inflight: bool
@@ -240,7 +274,7 @@ class BatchLifecycleMixin:
 
     def begin_batch(self, batch: BatchLike, *, namespace: Namespace = None,
                     reserve: Union[None, int, Sequence[int], np.ndarray] = None,
-                    priority: int = 0) -> BatchBegin:
+                    priority: int = 0, out: Optional[np.ndarray] = None) -> BatchBegin:
         """``begin`` of every sequence of ``batch`` (anything ``pack``
         takes: lists, a 2-D array, Arrow, a ``(flat, offsets)`` pair), in
         order, in one call: ``BatchBegin(requests, cached)``. ``reserve``:
@@ -248,6 +282,13 @@ class BatchLifecycleMixin:
         request. All or nothing: a request that cannot be admitted
         (``CacheFullError``, ``OverflowError``) raises and no request of the
         batch is begun; nothing changed.
+
+        The matched values (``requests.values``, ``requests[i].values``) are
+        read from the cache when asked for, while the requests are open
+        (their locks hold them), so a begin copies nothing. ``out``: a
+        writable int64 array at least as long as the batch's tokens, e.g. a
+        scheduler's token-to-slot table, that receives each request's
+        matched values at its sequence's offset, in the same call.
 
         >>> from radix_soa import PrefixCache
         >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3], values=[7, 8, 9])
@@ -263,6 +304,10 @@ class BatchLifecycleMixin:
             self._check_priority(priority)
         if namespace is None:
             namespace = 0
+        if out is not None:
+            self._check_begin_out(out, flat.shape[0])
+        else:
+            out = _NO_VALUES
         count = self._count_inflight
         kernel = batch_kernels.req_begin_batch
         with self._writing:
@@ -273,7 +318,6 @@ class BatchLifecycleMixin:
             known = root >= 0
             if not known:  # an unknown namespace: misses, and nothing is created
                 root = s.root
-            out = np.empty(flat.shape[0], np.int64) if s.has_values else _NO_VALUES
             capacity = self._cap if count else -1
             evict_out = _NO_VALUES
             need = 0
@@ -283,7 +327,8 @@ class BatchLifecycleMixin:
                 if s.has_values:
                     evict_out = self._batch_evict_out(capacity, need, k)
             states = np.zeros((k, REQUEST_SIZE), np.int64)
-            rb = RequestBatch(self, namespace, priority, states, out, offsets, evict_out)
+            rb = RequestBatch(self, namespace, priority, states,
+                              out if out.shape[0] else None, offsets, evict_out)
             # listed before its kernel runs, as begin's request
             self._requests[id(rb)] = rb
             info = np.zeros(1, np.int64)
@@ -352,6 +397,18 @@ class BatchLifecycleMixin:
         if flat.shape[0] > MAX_SEQUENCE_TOKENS:
             check_length(int((b.offsets[1:] - b.offsets[:-1]).max()), "a sequence of the batch")
         return np.ascontiguousarray(flat), b.offsets, k
+
+    def _check_begin_out(self, out, n):
+        if not self.has_values:
+            raise ValueError("this cache keeps no values (values=False); pass out=None")
+        if type(out) is not np.ndarray:
+            raise TypeError(f"out must be a NumPy int64 array; got {type(out).__name__}")
+        if out.dtype != _INT64 or out.ndim != 1:
+            raise ValueError(f"out must be a 1-D int64 array; got {out.ndim}-D {out.dtype}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be C-contiguous and writable")
+        if out.shape[0] < n:
+            raise ValueError(f"out has room for {out.shape[0]} values; the batch has {n} tokens")
 
     @staticmethod
     def _batch_reserves(reserve, k):

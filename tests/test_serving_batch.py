@@ -62,12 +62,14 @@ ops = st.lists(st.one_of(
               st.booleans(), st.booleans()),
     st.tuples(st.just("finish"), st.lists(st.integers(0, 40), max_size=4), tokens,
               st.booleans(), st.booleans()),
+    st.tuples(st.just("finish"), st.lists(st.integers(0, 40), max_size=4), tokens,
+              st.booleans(), st.just(False)),
     st.tuples(st.just("evict"), st.integers(0, 20)),
     st.tuples(st.just("abort"), st.integers(0, 40)),
 ), min_size=1, max_size=14)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, program=ops)
 def test_batch_calls_are_a_loop_of_per_request_calls(cfg, program):
     A = PrefixCache(**cfg)  # batch calls
@@ -85,10 +87,13 @@ def test_batch_calls_are_a_loop_of_per_request_calls(cfg, program):
         if kind == "insert":
             toks = op[1]
             uid[0] += 1
-            ra = A.insert(toks, values=vals(uid[0], toks)) if True else None
-            rb = B.insert(toks, values=vals(uid[0], toks))
-            assert ra.cached == rb.cached and values_of(ra.evicted.values) == values_of(
-                rb.evicted.values)
+            got_a, ea = loop([lambda: A.insert(toks, values=vals(uid[0], toks))])
+            got_b, eb = loop([lambda: B.insert(toks, values=vals(uid[0], toks))])
+            assert ea is eb
+            if ea is None:
+                ra, rb = got_a[0], got_b[0]
+                assert ra.cached == rb.cached and values_of(ra.evicted.values) == values_of(
+                    rb.evicted.values)
         elif kind == "evict":
             assert values_of(A.evict(op[1]).values) == values_of(B.evict(op[1]).values)
         elif kind == "abort":
@@ -284,3 +289,26 @@ def test_the_state_rows_are_request_size():
     rb, _ = pc.begin_batch([[1]])
     assert rb._states.shape == (1, REQUEST_SIZE)
     assert isinstance(rb, rs.RequestBatch)
+
+
+def test_begun_values_are_read_while_open_or_written_to_out():
+    pc = PrefixCache()
+    pc.insert([1, 2, 3, 4], values=[10, 11, 12, 13])
+    rb, cached = pc.begin_batch([[1, 2, 3, 4, 5], [1, 2, 7]])
+    pc.checkpoint_batch(rb, [[1, 2, 3, 4, 5], [1, 2, 7]], [[0, 0, 0, 0, 50], [0, 0, 70]])
+    # after a checkpoint moved the locks deeper, the begun prefix is still what it was
+    assert [v.tolist() for v in rb.values] == [[10, 11, 12, 13], [10, 11]]
+    assert rb[1].values.tolist() == [10, 11]
+    pc.abort(rb[1])
+    with pytest.raises(ValueError, match="request 1 of the batch is closed"):
+        rb.values
+    assert rb[0].values.tolist() == [10, 11, 12, 13]
+    table = np.full(12, -1, np.int64)
+    rb2, _ = pc.begin_batch([[1, 2, 3], [1, 2, 7, 9]], out=table[1:])
+    assert table.tolist() == [-1, 10, 11, 12, 10, 11, 70, -1, -1, -1, -1, -1]
+    pc.abort(rb2[0])
+    assert rb2[0].values.tolist() == [10, 11, 12]  # kept in out: readable once closed too
+    with pytest.raises(ValueError, match="room for 2 values"):
+        pc.begin_batch([[1, 2, 3]], out=np.empty(2, np.int64))
+    with pytest.raises(ValueError, match="1-D int64"):
+        pc.begin_batch([[1, 2, 3]], out=np.empty(3, np.int32))

@@ -93,7 +93,7 @@ def begin_at(T, root, known, q, page, out, count, capacity, reserve, evict_out, 
         freed = pc_evict(T, want, page, evict_out, ev)
         meta[M_EVICTED_TOKENS] += freed
     meta[M_INFLIGHT] += need
-    if T[VALUES].shape[0] > 0:
+    if T[VALUES].shape[0] > 0 and out.shape[0] > 0:  # empty: a batch that reads them later
         path_values(T[START], T[LENGTH], T[PARENT], T[VALUES], v, length, out)
     meta[M_LOOKUPS] += 1
     meta[M_QUERY_TOKENS] += qn

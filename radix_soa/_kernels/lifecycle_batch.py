@@ -27,13 +27,14 @@ from numba.extending import overload
 from .config import kernel
 from .descent import descend
 from .directory import HAS_DIRECTORY, tree_at
-from .layout import (CXOR, DONE, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, LOCK_LIMIT, NCHILD, OWN, STAMP, TERM, MISMATCH, M_INFLIGHT, M_LOCKED_TOKENS,
-                     M_TOKENS, META, NO_NODE, PARENT, R_CACHED, R_FREED, R_LOCKED, R_NODE,
-                     R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM, R_LAST_N, R_LAST_PARTIAL, R_RESERVED,
-                     REQUEST_SIZE, STALE, START, TABLE, TOKENS)
+from .layout import (CXOR, DONE, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, LOCK_LIMIT, META,
+                     MISMATCH, M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS, NCHILD, NO_NODE, OWN,
+                     PARENT, R_CACHED, R_FREED, R_LAST_CACHED, R_LAST_FREED, R_LAST_FROM,
+                     R_LAST_N, R_LAST_PARTIAL, R_LOCKED, R_NODE, R_RESERVED, REQUEST_SIZE, STALE,
+                     STAMP, START, TABLE, TERM, TOKENS, VALUES)
 from .lifecycle import (_check_request, _top_lock, begin_at, checkpoint_at, finish_at,
                         free_layout)
-from .mutation import make_root
+from .mutation import copy_run, make_root
 from .prefix import room_needed
 from .table import has_room, need_room
 
@@ -319,3 +320,31 @@ def gather_rows(states, rows):
         st = row_at(states, rows, i)[0]
         for j in range(REQUEST_SIZE):
             states[i, j] = st[j]
+
+
+@kernel
+def begun_values(D, like, states, rows, out, off):
+    """The values each request of a batch found cached at begin, request
+    ``i``'s to ``out[off[i]:off[i+1]]``, read from its locked path (they
+    cannot change while it is held). Returns ``DONE``, or ``-1 - i`` for the
+    first request ``i`` that is closed or whose lock is gone (nothing read)."""
+    T = tree_at(D, like)
+    for i in range(off.shape[0] - 1):
+        st = row_at(states, rows, i)[0]
+        if _check_request(T, st) != DONE:
+            return -1 - i
+    for i in range(off.shape[0] - 1):
+        st = row_at(states, rows, i)[0]
+        # the path root..R_NODE holds R_CACHED tokens; the first ``total`` are wanted
+        total = off[i + 1] - off[i]
+        end = st[R_CACHED]
+        v = st[R_NODE]
+        while T[PARENT][v] >= 0 and end > 0:
+            L = T[LENGTH][v]
+            lo = end - L
+            if lo < total:
+                take = min(end, total) - lo
+                copy_run(out, off[i] + lo, T[VALUES], T[START][v], take)
+            end = lo
+            v = T[PARENT][v]
+    return DONE
