@@ -173,24 +173,27 @@ def _undo(T, B, states, rows, saved, ev, mark):
 
 @kernel
 def _prefix_holds(T, q, st):
-    """True if ``q`` starts with the tokens of the request's locked path
-    (what its insert checks: it passes through the request's node)."""
+    """``(holds, top)``: True if ``q`` starts with the tokens of the
+    request's locked path (what its insert checks: it passes through the
+    request's node), and the lock count at that path's top (-1: no lock)."""
     if not st[R_LOCKED]:
-        return True
+        return True, -1
     tokens, start, length, parent = T[TOKENS], T[START], T[LENGTH], T[PARENT]
     w = st[R_NODE]
     end = st[R_CACHED]
+    top = w
     while parent[w] >= 0:
         L = length[w]
         a = start[w]
         end -= L
         if end < 0:
-            return False
+            return False, -1
         for j in range(L):
             if tokens[a + j] != q[end + j]:
-                return False
+                return False, -1
+        top = w
         w = parent[w]
-    return end == 0
+    return end == 0, T[LOCK][top]
 
 
 @kernel
@@ -227,26 +230,23 @@ def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, pa
         partial, end = free_layout(st, ns_[i], nvals, finishing)
         seg[i + 1] = seg[i] + (end + ns_[i] if has_values and cap >= 0 else end)
     if live:
+        worst = 0  # the highest lock count at the top of a path the batch moves a lock to
         for i in range(k):  # each request on its own, as its insert would find it
             st = row_at(states, rows, i)[0]
             info[0] = i
             if _check_request(T, st) != DONE:
                 return STALE
             q = flat[offsets[i]:offsets[i + 1]]
-            if ns_[i] < st[R_CACHED] or not _prefix_holds(T, q, st):
+            holds, top = _prefix_holds(T, q, st)
+            if ns_[i] < st[R_CACHED] or not holds:
                 return MISMATCH
+            if top < 0 and roots[i] >= 0:  # no lock yet: the path its first page takes
+                top = _top_lock(T, roots[i], q, ns_[i], page, st)
+            worst = max(worst, top)
         # no request evicts (so none is refused) when every insert fits
         # without evicting: in-flight tokens only shrink along the batch
         sure = cap < 0 or meta[M_TOKENS] + need <= cap - (meta[M_INFLIGHT] if count else 0)
-        if sure:
-            for i in range(k):
-                if roots[i] >= 0:
-                    st = row_at(states, rows, i)[0]
-                    q = flat[offsets[i]:offsets[i + 1]]
-                    if _top_lock(T, roots[i], q, ns_[i], page, st) + k >= LOCK_LIMIT:
-                        sure = False
-                        break
-        if not sure:
+        if not sure or worst + k >= LOCK_LIMIT:
             return UNSURE
     mark = _keep(states, rows, live, saved, ev)
     for i in range(k):
