@@ -179,7 +179,7 @@ class ServingMixin:
     _cap: int
     _capacity: Optional[int]
     _count_inflight: bool
-    _requests: Dict[int, Request]
+    _requests: Dict[int, Any]  # a Request, or a RequestBatch (``_serving_batch``)
     _roots: Dict[Union[int, str], int]
     _epoch: object
     _events: Optional["EventLog"]
@@ -533,7 +533,8 @@ class ServingMixin:
         (True, None, [])
         """
         with self._lock:
-            live, out = {}, []
+            live: Dict[int, Any] = {}
+            out: List[Request] = []
             for key, r in self._requests.items():
                 if type(r) is Request:
                     if r.open:

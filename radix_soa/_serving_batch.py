@@ -112,7 +112,8 @@ class RequestBatch:
     __slots__ = ("owner", "epoch", "namespace", "priority", "_states", "_base", "_out",
                  "_offsets", "_evict_out", "_members", "_staged", "_evicts")
 
-    def __init__(self, owner, namespace, priority, states, out, offsets, evict_out):
+    def __init__(self, owner: Any, namespace: Namespace, priority: int, states: np.ndarray,
+                 out: Optional[np.ndarray], offsets: np.ndarray, evict_out: np.ndarray) -> None:
         self.owner = owner
         self.epoch = owner._epoch
         self.namespace = namespace
