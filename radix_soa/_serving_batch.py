@@ -549,6 +549,9 @@ class BatchLifecycleMixin:
             if len(requests) != k:
                 raise ValueError(f"{len(requests)} requests for a batch of {k} sequences")
             return requests._states, _NO_ROWS, None
+        if not batch_kernels.HAS_DIRECTORY:  # pragma: no cover - a Numba without the internals
+            raise NotImplementedError("a list of requests needs Numba's array internals "
+                                      "(radix_soa._kernels.directory); pass a RequestBatch")
         members = list(requests)
         if len(members) != k:
             raise ValueError(f"{len(members)} requests for a batch of {k} sequences")

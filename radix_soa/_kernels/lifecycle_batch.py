@@ -38,7 +38,8 @@ from .mutation import copy_run, make_root
 from .prefix import room_needed
 from .table import has_room, need_room
 
-UNSURE = 9  # a request of the batch might be refused: run it on a copy
+UNSURE = 9  # a request of the batch might be refused: run it with its undo copy
+
 
 def row_at(states, rows, i):
     """``(st,)``: request ``i``'s state, row ``i`` of ``states`` (``rows``
@@ -48,14 +49,14 @@ def row_at(states, rows, i):
 
 @overload(row_at, inline="always")
 def _row_at(states, rows, i):
-    if not HAS_DIRECTORY:  # pragma: no cover - the caller gathers the rows instead
+    if not HAS_DIRECTORY:  # pragma: no cover - a Numba without populate_array
+        # (rows then stay empty: _serving_batch refuses a list of requests)
         return lambda states, rows, i: (states[i],)
     from .directory import view_at
 
     def at(states, rows, i):
-        # a view made from an address, not ``states[i]``: kernels without
-        # NRT return only the arrays they were given or such views
-        # (a 1-tuple: such a kernel returns no array it was not given)
+        # a view made from an address, in a 1-tuple: a kernel without NRT
+        # returns no array it was not given (``states[i]`` is refused)
         if rows.shape[0] == 0:
             return (view_at(states.ctypes.data + i * (8 * REQUEST_SIZE), REQUEST_SIZE, np.int64),)
         return (view_at(rows[i], REQUEST_SIZE, np.int64),)
