@@ -57,6 +57,8 @@ class Request:
 
     __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
                  "_inputs", "_batch", "_addr")
+    _batch: Any  # bare annotations: no class attribute beside the slot
+    _addr: int
 
     def __init__(self, owner, namespace, out, evict_out, priority=0, state=None):
         self._st = np.zeros(REQUEST_SIZE, np.int64) if state is None else state
@@ -69,8 +71,9 @@ class Request:
         # (step, out) of the last two checkpoint/finish/abort calls, at index
         # step % 2: ``out`` holds what the call handed back (None: an abort)
         self._inputs = [None, None]
-        self._batch = None  # (RequestBatch, row) of a request begun by begin_batch
-        self._addr = -1     # the address of its state row, once known (the batch kernels)
+        # left unset (read with getattr) so a begin pays nothing for them:
+        # _batch, (RequestBatch, row) of a request begun by begin_batch, and
+        # _addr, the address of its state row once the batch kernels needed it
 
     @property
     def open(self) -> bool:
@@ -121,7 +124,7 @@ class Request:
         st = self._st.tolist()
         staged = self._inputs[st[R_STEPS] & 1]
         if staged is None or staged[0] != st[R_STEPS]:
-            member = self._batch  # staged for the whole batch it was begun in
+            member = getattr(self, "_batch", None)  # staged for the batch it was begun in
             staged = None if member is None else member[0]._staged_for(member[1], st[R_STEPS])
             if staged is None:
                 return None

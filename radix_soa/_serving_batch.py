@@ -559,9 +559,10 @@ class BatchLifecycleMixin:
         for j, r in enumerate(members):
             if type(r) is not Request or r.owner is not self or r.epoch is not self._epoch:
                 self._check_open(r)  # raises
-            if r._addr < 0:
-                r._addr = r._st.ctypes.data
-            rows[j] = r._addr
+            addr = getattr(r, "_addr", -1)
+            if addr < 0:
+                addr = r._addr = r._st.ctypes.data
+            rows[j] = addr
         if len(set(rows.tolist())) != k:
             raise ValueError("a request is listed twice in the batch")
         return np.empty((0, REQUEST_SIZE), np.int64), rows, members
