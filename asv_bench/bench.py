@@ -552,6 +552,103 @@ def section_serving(repeat):
          "loop of insert")
 
 
+def short_requests(n, seed=0):
+    """The serving section's short requests: one of 1,000 heads of 20..60
+    tokens and a tail of 1..40."""
+    rng = np.random.default_rng(seed)
+    heads = [rng.integers(0, 32_000, size=int(k)) for k in rng.integers(20, 60, size=1000)]
+    return [np.concatenate([heads[int(h)], rng.integers(0, 32_000, size=int(k))])
+            for h, k in zip(rng.integers(0, 1000, size=n), rng.integers(1, 40, size=n))]
+
+
+def scheduler_steps(requests, step=256, output_len=16):
+    """The inputs of every step of ``step`` requests: the prompts (begin,
+    then a checkpoint of the whole prompt) and prompt + output (finish),
+    each with its values (one slot per token), as ``Batch`` es."""
+    outputs = np.arange(output_len, dtype=np.int64) + 1_000_000
+    steps = []
+    slot = 0
+    for a in range(0, len(requests), step):
+        chunk = requests[a:a + step]
+        full = [np.concatenate([q, outputs]) for q in chunk]
+        vals = []
+        for q in full:
+            vals.append(np.arange(slot, slot + len(q), dtype=np.int64))
+            slot += len(q)
+        steps.append((radix_soa.pack(chunk), radix_soa.pack([v[:len(q)] for v, q in zip(vals, chunk)]),
+                      radix_soa.pack(full), radix_soa.pack(vals)))
+    return steps
+
+
+def run_steps_batched(pc, steps):
+    for prompts, pvals, full, fvals in steps:
+        rb, _ = pc.begin_batch(prompts)
+        pc.checkpoint_batch(rb, prompts, pvals)
+        pc.finish_batch(rb, full, fvals)
+
+
+def run_steps_per_request(pc, steps):
+    for prompts, pvals, full, fvals in steps:
+        rs_ = [pc.begin(q) for q in prompts]
+        for r, q, v in zip(rs_, prompts, pvals):
+            pc.checkpoint(r, q, v)
+        for r, q, v in zip(rs_, full, fvals):
+            pc.finish(r, q, v)
+
+
+def floor_steps(steps, floor):
+    """The Numba compare loop over every token each call of every step is
+    handed (the prompts twice, prompt + output once), against a copy."""
+    done = []
+    for prompts, _, full, _ in steps:
+        for b in (prompts, prompts, full):
+            out = np.empty(len(b), np.bool_)
+            floor(b.flat, b.flat.copy(), b.offsets, out)  # the copy is made outside the timing
+            done.append(out)
+    return done
+
+
+def section_scheduler_step(repeat):
+    """A scheduler step of 256 requests (begin_batch, checkpoint_batch,
+    finish_batch, one kernel call each) against the loop of per-request
+    calls, and against a Numba compare loop over the same tokens (the floor
+    a step that reads its tokens once per call pays)."""
+    radix_soa.warmup()
+    floor = _compare_floor()
+    for name, requests in (("multi_turn", list(sequences("multi_turn"))),
+                           ("short", short_requests(size(20_000, 2000)))):
+        steps = scheduler_steps(requests)
+        n = len(requests)
+        tokens = sum(len(q) for q in requests)
+        copies = [[(b.flat, b.flat.copy(), b.offsets, np.empty(len(b), np.bool_))
+                   for b in (p, p, f)] for p, _, f, _ in steps]
+
+        def floor_run():
+            for calls in copies:
+                for args in calls:
+                    floor(*args)
+
+        floor_run()
+        # the same requests twice per run: the first pass misses, the second hits
+        calls = {
+            "batched": lambda: run_steps_batched(radix_soa.PrefixCache(), steps + steps),
+            "per-request": lambda: run_steps_per_request(radix_soa.PrefixCache(), steps + steps),
+            "floor": lambda: (floor_run(), floor_run()),
+        }
+        for fn in calls.values():
+            fn()
+        best = _interleaved(calls, repeat + 2)
+        per = {k: v / (2 * n) * 1e6 for k, v in best.items()}
+        print(f"\n[scheduler_step] {name}: {n:,} requests ({tokens:,} prompt tokens) in steps of "
+              f"256, each served twice (a miss, then a hit); per request:")
+        print(f"  begin_batch + checkpoint_batch + finish_batch {per['batched']:8.2f} us   "
+              f"loop of begin/checkpoint/finish {per['per-request']:8.2f} us   "
+              f"ratio {per['per-request'] / per['batched']:5.2f}x")
+        print(f"  Numba compare loop over the same tokens       {per['floor']:8.2f} us   "
+              f"batched - floor {per['batched'] - per['floor']:+.2f} us per request "
+              f"(target <= 0.5)")
+
+
 def _interleaved(calls, repeat):
     """Best wall time of each named call, the calls taking turns in every
     round (so a noisy neighbour slows them alike)."""
@@ -1241,6 +1338,7 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "replay": section_replay, "scale": section_scale,
             "replay_scale": section_replay_scale, "cluster": section_cluster,
             "threads": section_threads, "serving": section_serving,
+            "scheduler_step": section_scheduler_step,
             "containers": section_containers,
             "sglang": section_sglang, "sglang_loop": section_sglang_loop,
             "dask": section_dask, "events": section_events,

@@ -38,6 +38,20 @@ def main():
         pc.lock(node)
         pc.unlock(node)
 
+    out16 = np.concatenate([q, np.arange(16, dtype=np.int64) + 10**6])
+    vals16 = np.arange(len(out16), dtype=np.int64)
+
+    def begin_finish():
+        r = pc.begin(q)
+        pc.finish(r, out16, vals16)
+
+    pool = np.empty(64, np.int64)
+    ev = rs.PrefixCache()
+
+    def evict_refill():  # evict 32 tokens into a pool, then put them back
+        ev.insert(q, values=vals)
+        ev.evict(32, out=pool)
+
     rows = [
         ("RadixCache.insert (stored, 32 tokens)", lambda: rc.insert(q)),
         ("RadixCache.exists (32 tokens)", lambda: rc.exists(q)),
@@ -46,6 +60,8 @@ def main():
         ("PrefixCache.match_length (32 tokens)", lambda: pc.match_length(q)),
         ("PrefixCache.insert (cached, 32 tokens, values)", lambda: pc.insert(q, values=vals)),
         ("PrefixCache.lock + unlock", lock_unlock),
+        ("PrefixCache.begin + finish (32 + 16 tokens)", begin_finish),
+        ("PrefixCache.insert + evict(32, out=)", evict_refill),
     ]
     for name, fn in rows:
         fn()

@@ -26,6 +26,7 @@ from ._input.dedup import first_occurrence
 from ._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                                 event_from_dict)
 from ._serving import Request
+from ._serving_batch import BatchBegin, BatchFinished, RequestBatch
 from .radix_cache import RadixCache
 from .prefix_cache import PrefixCache
 from .router_index import RouterIndex
@@ -68,6 +69,7 @@ _LAZY = {
 
 __all__ = ["RadixCache", "PrefixCache", "RouterIndex", "Batch", "csr", "pack", "CacheFullError",
            "InsertResult", "Match", "BatchMatch", "EvictResult", "Finished", "Request",
+           "RequestBatch", "BatchBegin", "BatchFinished",
            "InvariantError", "ReadOnlyTreeError", "TreeFormatError", "first_occurrence",
            "BlockStored", "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict",
            *_LAZY]

@@ -56,7 +56,9 @@ class Request:
     """
 
     __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
-                 "_inputs")
+                 "_inputs", "_batch", "_addr")
+    _batch: Any  # bare annotations: no class attribute beside the slot
+    _addr: int
 
     def __init__(self, owner, namespace, out, evict_out, priority=0, state=None):
         self._st = np.zeros(REQUEST_SIZE, np.int64) if state is None else state
@@ -69,6 +71,9 @@ class Request:
         # (step, out) of the last two checkpoint/finish/abort calls, at index
         # step % 2: ``out`` holds what the call handed back (None: an abort)
         self._inputs = [None, None]
+        # left unset (read with getattr) so a begin pays nothing for them:
+        # _batch, (RequestBatch, row) of a request begun by begin_batch, and
+        # _addr, the address of its state row once the batch kernels needed it
 
     @property
     def open(self) -> bool:
@@ -87,8 +92,15 @@ class Request:
 
     @property
     def values(self) -> Optional[np.ndarray]:
-        """The values of the prefix ``begin`` found cached (None without values)."""
-        return self._out[:int(self._st[R_BEGUN])] if self.owner.has_values else None
+        """The values of the prefix ``begin`` found cached (None without
+        values). A request of ``begin_batch`` without ``out=`` reads them
+        from its locked path, so only while it is open (else ``ValueError``)."""
+        if not self.owner.has_values:
+            return None
+        if self._out is None:  # begun by begin_batch: read from the cache
+            batch, i = self._batch
+            return batch._begun_values([i])[0]
+        return self._out[:int(self._st[R_BEGUN])]
 
     @property
     def reserved(self) -> int:
@@ -111,8 +123,15 @@ class Request:
         free) or ``finish`` (``Finished``) returned; None before either."""
         st = self._st.tolist()
         staged = self._inputs[st[R_STEPS] & 1]
-        if staged is None or staged[0] != st[R_STEPS] or staged[1] is None:
-            return None  # nothing staged for this step, or an abort
+        if staged is None or staged[0] != st[R_STEPS]:
+            member = getattr(self, "_batch", None)  # staged for the batch it was begun in
+            staged = None if member is None else member[0]._staged_for(member[1], st[R_STEPS])
+            if staged is None:
+                return None
+        if staged[1] is None:
+            return None  # an abort
+        if type(staged[1]) is tuple:  # (stage of a batch call, row in that call)
+            return staged[1][0].result(staged[1][1], st)
         return self._result(st, staged[1])
 
     def _result(self, st, out):
@@ -163,7 +182,7 @@ class ServingMixin:
     _cap: int
     _capacity: Optional[int]
     _count_inflight: bool
-    _requests: Dict[int, Request]
+    _requests: Dict[int, Any]  # a Request, or a RequestBatch (``_serving_batch``)
     _roots: Dict[Union[int, str], int]
     _epoch: object
     _events: Optional["EventLog"]
@@ -517,9 +536,20 @@ class ServingMixin:
         (True, None, [])
         """
         with self._lock:
-            live = {k: r for k, r in self._requests.items() if r.open}
+            live: Dict[int, Any] = {}
+            out: List[Request] = []
+            for key, r in self._requests.items():
+                if type(r) is Request:
+                    if r.open:
+                        live[key] = r
+                        out.append(r)
+                    continue
+                opened = np.flatnonzero(r.open)  # a RequestBatch: its open requests
+                if opened.size:
+                    live[key] = r
+                    out.extend(r[int(i)] for i in opened)
             self._requests = live
-            return list(live.values())
+            return out
 
     # ------------------------------------------------------------ whole-cache
     def reset(self) -> None:
@@ -597,7 +627,7 @@ class ServingMixin:
     def _check_requests(self):
         """Invariant of the open requests (``check_invariants``): the
         in-flight count is their reservations' sum."""
-        open_now = [r for r in self._requests.values() if r.open]
+        open_now = self.open_requests()
         if self.inflight_tokens != sum(r.reserved for r in open_now):
             raise InvariantError("in-flight tokens == the open requests' reservations")
 

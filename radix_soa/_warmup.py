@@ -62,6 +62,12 @@ def warmup(dtypes=(np.int64,)):
             pc.checkpoint(r, [1, 2], vals(2))
             pc.finish(r, [1, 2, 3], vals(3))
             pc.abort(pc.begin([1]))
+            rb, _ = pc.begin_batch([[1, 2, 3], [1]])  # a scheduler step's kernels
+            if values:
+                rb.values  # noqa: B018  (read from the cache)
+            pc.checkpoint_batch(rb, [[1, 2, 3], [1]], [vals(3), vals(1)] if values else None)
+            pc.finish_batch([rb[0], rb[1]], [[1, 2, 3, 4], [1, 5]],
+                            [vals(4), vals(2)] if values else None)
             pc.drop_namespace(0)
     warmup_replay()
     warmup_cluster()

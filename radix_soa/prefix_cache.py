@@ -19,6 +19,7 @@ from ._events import event_log
 from ._events.block_hash import check_event_hash, none_hash
 from ._tree.base import TreeCache
 from ._serving import ServingMixin
+from ._serving_batch import BatchLifecycleMixin
 from ._tree.invariants import check_tree
 from ._kernels import descent as descent_kernels
 from ._kernels import prefix as prefix_kernels
@@ -53,7 +54,7 @@ _START_NODES = 1 << 10
 _START_TOKENS = 1 << 14
 
 
-class PrefixCache(ServingMixin, TreeCache):
+class PrefixCache(BatchLifecycleMixin, ServingMixin, TreeCache):
     """The longest cached prefix of a request, where its KV cache lives, and
     what to evict when full.
 

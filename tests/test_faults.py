@@ -537,3 +537,81 @@ def test_replay_after_a_memory_error_runs_again(monkeypatch):
             rs.replay(seqs, capacity=2000, host_capacity=1000)
     again = rs.replay(seqs, capacity=2000, host_capacity=1000)
     assert again.hits.tolist() == want.hits.tolist()
+
+
+# the batch lifecycle on fresh_serving(): one kernel call each, all or nothing
+# (begin_batch past the capacity's sure bound runs with its undo copy beside
+# it; the finish batch evicts under the capacity, so it does too)
+def _batch_of_served(pc):
+    return [served(pc)]
+
+
+BATCH_OPS = {
+    "begin_batch": lambda pc: pc.begin_batch([LONG[:20], LONG[:30], BASE[2]]),
+    "begin_batch_evicting": lambda pc: pc.begin_batch([LONG[:40], LONG[100:130]]),
+    "begin_batch_near_capacity": lambda pc: pc.begin_batch(BASE[:30] + [LONG[:40]]),
+    "checkpoint_batch": lambda pc: pc.checkpoint_batch(
+        _batch_of_served(pc), [finish_tokens([2, 2, 2])[0]], [finish_tokens([2, 2, 2])[1]]),
+    "finish_batch": lambda pc: pc.finish_batch(
+        _batch_of_served(pc), [finish_tokens(list(range(40)))[0]],
+        [finish_tokens(list(range(40)))[1]]),
+}
+
+
+def _batch_outcome(x):
+    if isinstance(x, rs.BatchBegin):
+        return (x.cached.tolist(), x.requests.reserved.tolist(),
+                [v.tolist() for v in x.requests.values], [v.tolist() for v in x.requests.evicted])
+    if isinstance(x, rs.BatchFinished):
+        return (x.cached.tolist(), [v.tolist() for v in x.free], [v.tolist() for v in x.evicted])
+    return [v.tolist() for v in x]
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "memory"])
+@pytest.mark.parametrize("name", sorted(BATCH_OPS))
+def test_batch_lifecycle_survives_a_fault_at_every_step(name, kind, monkeypatch):
+    """A batch call happens entirely or not at all (never a prefix of its
+    requests), and a retry of one that did not happen returns what it
+    would have."""
+    op = BATCH_OPS[name]
+    before, after = expected(fresh_serving, op)
+    ok = {prefix_contents(before), prefix_contents(after)}
+    assert len(ok) == 2
+    want = _batch_outcome(op(fresh_serving()))
+    fired = 0
+    for inj in faults(kind, monkeypatch):
+        pc = fresh_serving()
+        mine = served(pc)
+        steps = mine.steps
+        faulted = run_faulted(inj, op, pc)
+        fired += faulted
+        state = prefix_contents(pc)
+        assert state in ok, f"{kind} at step {inj.k} left a half-changed cache"
+        if faulted and state == prefix_contents(before):
+            assert mine.steps == steps
+            assert _batch_outcome(op(pc)) == want, f"{kind} at step {inj.k}: a different retry"
+            assert prefix_contents(pc) == prefix_contents(after)
+        pc.check_invariants()
+        for r in pc.open_requests():
+            pc.abort(r)
+        assert pc.inflight_tokens == 0 and pc.locked_tokens == 0
+    if kind == "interrupt":
+        assert fired > 0
+
+
+def test_a_refused_batch_near_capacity_is_undone_under_a_fault_at_every_step(monkeypatch):
+    """The 31st begin cannot reserve its tokens: the 30 before it were
+    begun (locking paths) and are put back by the same kernel call."""
+    def op(pc):
+        return pc.begin_batch(BASE[:30] + [LONG[:140]])
+
+    want = prefix_contents(fresh_serving())
+    for kind in ("interrupt", "memory"):
+        for inj in faults(kind, monkeypatch):
+            pc = fresh_serving()
+            try:
+                run_faulted(inj, op, pc)
+            except rs.CacheFullError:
+                pass
+            assert prefix_contents(pc) == want, f"{kind} at step {inj.k}"
+            pc.check_invariants()

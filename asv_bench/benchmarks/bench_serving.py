@@ -76,3 +76,62 @@ class EvictByPolicy:
 
     def time_evict(self, impl, policy):
         self.cache.evict(50_000)
+
+
+class SchedulerStep:
+    """Steps of 256 short requests (2,048 in all, each served twice: a miss,
+    then a hit): ``begin_batch`` + ``checkpoint_batch`` + ``finish_batch``,
+    one kernel call each, beside the loop of per-request calls."""
+    params = (("batched", "per-request"),)
+    param_names = ("how",)
+
+    def setup(self, how):
+        radix_soa.warmup()
+        requests = short_requests(2048, seed=3)
+        outputs = np.arange(16, dtype=np.int64) + 10**6
+        self.steps = []
+        for a in range(0, len(requests), 256):
+            chunk = requests[a:a + 256]
+            full = [np.concatenate([q, outputs]) for q in chunk]
+            vals = [np.arange(len(q), dtype=np.int64) + 10**7 * i for i, q in enumerate(full)]
+            self.steps.append((radix_soa.pack(chunk), radix_soa.pack([v[:len(q)] for v, q in
+                                                                      zip(vals, chunk)]),
+                               radix_soa.pack(full), radix_soa.pack(vals)))
+
+    def time_step(self, how):
+        pc = radix_soa.PrefixCache()
+        for _ in range(2):
+            for prompts, pvals, full, fvals in self.steps:
+                if how == "batched":
+                    rb, _ = pc.begin_batch(prompts)
+                    pc.checkpoint_batch(rb, prompts, pvals)
+                    pc.finish_batch(rb, full, fvals)
+                else:
+                    reqs = [pc.begin(q) for q in prompts]
+                    for r, q, v in zip(reqs, prompts, pvals):
+                        pc.checkpoint(r, q, v)
+                    for r, q, v in zip(reqs, full, fvals):
+                        pc.finish(r, q, v)
+
+
+class EvictIntoPool:
+    """``evict(n, out=)``: 50,000 freed slot ids written into a slot pool's
+    free end (no allocation), beside ``evict(n)``, on a fresh cache."""
+    params = (("out=", "allocating"),)
+    param_names = ("how",)
+    number = 1
+    repeat = 5
+    warmup_time = 0
+
+    def setup(self, how):
+        radix_soa.warmup()
+        self.cache = radix_soa.PrefixCache()
+        for q in short_requests(3000, seed=1):
+            self.cache.insert(q, values=np.arange(len(q)))
+        self.pool = np.zeros(60_000, np.int64)
+
+    def time_evict(self, how):
+        if how == "out=":
+            self.cache.evict(50_000, out=self.pool)
+        else:
+            self.cache.evict(50_000)

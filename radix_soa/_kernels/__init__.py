@@ -39,6 +39,10 @@ Modules, bottom up (a module calls only those above it in this list)::
     prefix      pc_match -> pc_match_one, pc_match_batch; path_values;
                 path_unlocked, room_needed, evict_keeping (pc_lock, pc_evict)
                 -> insert_capped -> pc_insert_one; pc_evict -> pc_evict_one
+    lifecycle   begin_at, checkpoint_at, finish_at (the request transitions on T) ->
+                req_begin, req_checkpoint, req_finish, req_abort
+    lifecycle_batch  row_at (a request's state row); the per-request checks -> req_begin_batch,
+                req_cache_batch (a scheduler step, all or nothing: _undo from a copy)
     replay      lex_less -> dfs_order; lpm_pick; host_store (insert_capped);
                 request_of -> replay_run (pc_match, room_needed, pc_lock,
                 heap_top, pc_evict, extend)

@@ -40,7 +40,13 @@ def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evic
     ``ROOM`` (a node for the split), ``FULL`` (locked and reserved tokens
     leave no room) or ``LIMIT`` (the path's lock count is at its limit);
     all but ``DONE`` before changing anything."""
-    T = tree_at(D, like)
+    return begin_at(tree_at(D, like), root, known, q, page, out, count, capacity, reserve,
+                    evict_out, st, ev)
+
+
+@kernel
+def begin_at(T, root, known, q, page, out, count, capacity, reserve, evict_out, st, ev=None):
+    """``req_begin`` on the tree ``T`` (``req_begin_batch`` calls it per request)."""
     meta = T[META]
     qn = q.shape[0]
     if st[R_PHASE] != 0:
@@ -87,7 +93,7 @@ def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evic
         freed = pc_evict(T, want, page, evict_out, ev)
         meta[M_EVICTED_TOKENS] += freed
     meta[M_INFLIGHT] += need
-    if T[VALUES].shape[0] > 0:
+    if T[VALUES].shape[0] > 0 and out.shape[0] > 0:  # empty: a batch that reads them later
         path_values(T[START], T[LENGTH], T[PARENT], T[VALUES], v, length, out)
     meta[M_LOOKUPS] += 1
     meta[M_QUERY_TOKENS] += qn
@@ -199,7 +205,12 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st, 
     ``out``) under ``cap``, move the request's lock to the node it ends at
     and turn the reservation of the newly cached tokens into cached ones.
     ``ROOM``/``FULL``/``STALE``/``MISMATCH``/``LIMIT``: nothing changed."""
-    T = tree_at(D, like)
+    return checkpoint_at(tree_at(D, like), root, ns, q, n, vals, page, cap, out, priority, st, ev)
+
+
+@kernel
+def checkpoint_at(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
+    """``req_checkpoint`` on the tree ``T``."""
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, False, ev)
     if status != DONE:
         return status
@@ -225,7 +236,12 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st, 
 def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """``finish``: insert ``q[:n]`` as ``req_checkpoint`` does, then release
     the request's lock and reservation and close it."""
-    T = tree_at(D, like)
+    return finish_at(tree_at(D, like), root, ns, q, n, vals, page, cap, out, priority, st, ev)
+
+
+@kernel
+def finish_at(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
+    """``req_finish`` on the tree ``T``."""
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, True, ev)
     if status != DONE:
         return status
