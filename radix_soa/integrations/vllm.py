@@ -33,7 +33,8 @@ from 0), per worker:
 - a malformed frame, payload or event (or one the index refuses: another
   page size, bytes hashes in a ``fast64`` index) is counted in the worker's
   ``errors`` with ``last_error`` naming the worker and seq; the batch is
-  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``).
+  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``;
+  also for a message too malformed to tell its seq).
   Nothing a publisher sends stops the thread.
 
 Each batch applies with ``strict=False`` and ``seq`` = its number + 1 (0
@@ -281,12 +282,18 @@ class KVEventSubscriber:
         """A worker's counts (a new dict): ``batches`` applied, ``events``
         applied, ``skipped`` (another medium or group), ``gaps`` seen,
         ``replayed`` batches, ``replay_timeouts``, ``restarts``,
-        ``duplicates``, ``errors``, ``last_seq``, ``last_error``,
-        ``data_parallel_rank`` and ``ts`` of the last batch; without
+        ``duplicates`` (a batch sent again), ``errors``, ``last_seq``
+        (the last batch handled), ``last_error``, ``data_parallel_rank``
+        and ``ts`` of the last batch applied, ``replaying`` (a replay
+        under way); without
         ``worker``, a dict of every worker's."""
         if worker is None:
-            return {w: dict(f.stats) for w, f in list(self._feeds.items())}
-        return dict(self._feeds[worker_id(worker)].stats)
+            return {w: self._stats_of(f) for w, f in list(self._feeds.items())}
+        return self._stats_of(self._feeds[worker_id(worker)])
+
+    @staticmethod
+    def _stats_of(feed):
+        return dict(feed.stats, replaying=feed.deadline is not None)
 
     # ------------------------------------------------------------ running
     def start(self):
@@ -453,10 +460,12 @@ class KVEventSubscriber:
             feed.high = None
         if feed.high is None:
             self._start_stream(feed)
-        elif seq == feed.high or (feed.last is not None and seq <= feed.last):
+        elif seq == feed.high:
             feed.stats["duplicates"] += 1
             return
         feed.high = seq
+        if feed.last is not None and seq <= feed.last:
+            return  # a replay gave it already
         if feed.deadline is not None:
             feed.pending[seq] = payload
             return

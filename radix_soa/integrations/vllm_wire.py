@@ -20,18 +20,22 @@ The wire, as vLLM sends it:
   ``(b"", b"", -1, b"")``; before, ``(b"", seq, payload)`` and ``(b"", -1,
   b"")``. Both are read;
 - ``KVEventBatch`` is ``array_like``: ``[ts, events, data_parallel_rank]``
-  (the rank left out when None; vLLM 0.9.0 had ``[ts, events]``). A map
+  (vLLM 0.9.0 had ``[ts, events]``; msgspec writes every field of an
+  ``array_like`` struct, None included). A map
   ``{"ts", "events", "data_parallel_rank"}`` is read too;
 - each event is tagged by its class name. Until vLLM PR #42892 an event was
-  an array, the tag first, its fields in declaration order, trailing fields
-  at their default (None) left out: ``["BlockStored", block_hashes,
+  an array, the tag first, then every field in declaration order:
+  ``["BlockStored", block_hashes,
   parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
   extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window]``,
   ``["BlockRemoved", block_hashes, medium, group_idx]``,
   ``["AllBlocksCleared"]`` (vLLM 0.9.0 stopped at ``lora_id`` and at
-  ``block_hashes``). Since, an event is a map with the tag under ``"type"``
-  and fields at their default left out (``lora_id``, ``medium``,
-  ``lora_name`` have none: always present);
+  ``block_hashes``; shorter arrays are read too). Since, an event is a map
+  with the tag under ``"type"`` and the fields at their default (None) left
+  out (``lora_id``, ``medium``, ``lora_name`` have none: always present);
+  vLLM 0.34.0's ``BlockStored`` adds ``locality``, ``ownership``,
+  ``session_id``, ``lookahead_token_ids``, its ``BlockRemoved``
+  ``locality``, ``ownership``;
 - a block hash is an int (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the
   default: the low 64 bits, big-endian, of the 32-byte hash; before vLLM
   0.10.2 the hash value itself, which Python's ``hash`` made a signed 64-bit
@@ -80,8 +84,11 @@ REMOVED_OPTIONAL = ("group_idx", "locality", "ownership")
 _FIELDS = {"BlockStored": (STORED_FIELDS, STORED_OPTIONAL),
            "BlockRemoved": (REMOVED_FIELDS, REMOVED_OPTIONAL),
            "AllBlocksCleared": ((), ())}
-_FIELDS_09 = {"BlockStored": STORED_FIELDS[:5], "BlockRemoved": ("block_hashes",),
-              "AllBlocksCleared": ()}
+# the positions of the array form, as the last vLLM before PR #42892 had them
+_ARRAY = {"BlockStored": STORED_FIELDS + STORED_OPTIONAL[:4],
+          "BlockRemoved": REMOVED_FIELDS + REMOVED_OPTIONAL[:1], "AllBlocksCleared": ()}
+_ARRAY_09 = {"BlockStored": STORED_FIELDS[:5], "BlockRemoved": ("block_hashes",),
+             "AllBlocksCleared": ()}
 _REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
 
 
@@ -115,7 +122,7 @@ def _event(raw, i):
         kind = raw[0]
         if kind not in _FIELDS:
             raise EventError(f"event {i}: unknown event type {kind!r}")
-        names = _FIELDS[kind][0] + _FIELDS[kind][1]
+        names = _ARRAY[kind]
         if not _REQUIRED[kind] <= len(raw) - 1 <= len(names):
             raise EventError(f"event {i}: a {kind} array has {len(raw) - 1} fields; vLLM's "
                              f"has {_REQUIRED[kind]} to {len(names)}")
@@ -176,39 +183,50 @@ def _as_dict(event):
 def encode_event(event, encoding="map"):
     """``event`` (an event object or dict; vLLM's further fields, such as
     ``group_idx``, taken from a dict) as vLLM encodes it, before msgpack:
-    a dict (``"map"``) or a list (``"array"``, ``"array-0.9"``)."""
+    a dict (``"map"``: the fields at their default, None, left out) or a
+    list of every field (``"array"``, ``"array-0.9"``: msgspec leaves no
+    field out of an ``array_like`` struct)."""
     d = _as_dict(event)
     kind = d.get("type")
     if kind not in _FIELDS:
         raise ValueError(f"unknown event type {kind!r}")
-    if encoding == "array-0.9":
-        return [kind] + [d.get(f) for f in _FIELDS_09[kind]]
-    fields, optional = _FIELDS[kind]
     if encoding == "map":
+        fields, optional = _FIELDS[kind]
         out = {"type": kind}
         out.update((f, d.get(f)) for f in fields)
         out.update((f, d[f]) for f in optional if d.get(f) is not None)
         return out
-    if encoding == "array":
-        tail = [d.get(f) for f in optional]
-        while tail and tail[-1] is None:
-            tail.pop()
-        return [kind] + [d.get(f) for f in fields] + tail
+    if encoding in ("array", "array-0.9"):
+        return [kind] + [d.get(f) for f in (_ARRAY if encoding == "array" else _ARRAY_09)[kind]]
     raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
 
 
+def _pack_event(e, encoding):
+    body = encode_event(e, encoding)
+    kind = body["type"] if isinstance(body, dict) else body[0]
+    if isinstance(body, dict) and 1 + sum(map(len, _FIELDS[kind])) > 15:
+        # msgspec sizes a struct's map header by the fields it may have:
+        # BlockStored's 16 take a map16 even when fewer are written
+        return (b"\xde" + len(body).to_bytes(2, "big")
+                + b"".join(msgpack.packb(k) + msgpack.packb(v, use_bin_type=True)
+                           for k, v in body.items()))
+    return msgpack.packb(body, use_bin_type=True)
+
+
 def encode_batch(events, *, ts=None, data_parallel_rank=0, encoding="map"):
-    """The payload vLLM's publisher sends for ``events``: msgpack of
-    ``[ts, events, data_parallel_rank]`` (``[ts, events]`` for
-    ``"array-0.9"``, and the rank left out when None), ``ts`` now by
-    default."""
+    """The payload vLLM's publisher sends for ``events``, byte for byte:
+    msgpack of ``[ts, events, data_parallel_rank]`` (``[ts, events]`` for
+    ``"array-0.9"``), ``ts`` now by default."""
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
-    body = [encode_event(e, encoding) for e in events]
-    batch = [float(time.time() if ts is None else ts), body]
-    if encoding != "array-0.9" and data_parallel_rank is not None:
-        batch.append(data_parallel_rank)
-    return msgpack.packb(batch, use_bin_type=True)
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_array_header(2 if encoding == "array-0.9" else 3),
+             packer.pack(float(time.time() if ts is None else ts)),
+             packer.pack_array_header(len(events))]
+    parts += [_pack_event(e, encoding) for e in events]
+    if encoding != "array-0.9":
+        parts.append(packer.pack(data_parallel_rank))
+    return b"".join(parts)
 
 
 class WirePublisher:
