@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import radix_soa as rs
 from radix_soa.baselines.router_reference import ReferenceRouterIndex
-from radix_soa.integrations.vllm import Endpoint, KVEventSubscriber, as_endpoint
+from radix_soa.integrations.vllm import Endpoint, KVEventSubscriber, as_endpoint, main
 from radix_soa.integrations.vllm_wire import (WirePublisher, decode_batch, encode_batch,
                                               encode_event)
 
@@ -545,6 +545,31 @@ def test_mark_degraded():
     assert ix.degraded == {"w": "first"}
     ix.apply("w", [rs.AllBlocksCleared()], strict=False)
     assert ix.status("w") == "exact"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["w"], "WORKER=PUB"),
+    (["w=tcp://127.0.0.1:1", "w=tcp://127.0.0.1:2"], "named twice"),
+    (["w=tcp://127.0.0.1:1", "--page-size", "0"], "page_size"),
+    (["w=tcp://127.0.0.1:1", "--interval", "0"], "--interval"),
+    (["w=tcp://127.0.0.1:1"], "event_hash_seed"),
+])
+def test_the_command_exits_2_with_one_line(argv, says, capsys, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+def test_the_command_prints_each_workers_state(capsys):
+    import json
+    with WirePublisher(LOCAL, LOCAL) as pub:
+        assert main([f"w0={pub.endpoint},{pub.replay_endpoint}", "x=tcp://127.0.0.1:1",
+                     "--event-hash-seed", "0", "--duration", "0"]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert list(line) == ["w0", "x"]
+    assert line["w0"]["status"] == "exact" and line["w0"]["pages"] == 0
+    assert line["w0"]["batches"] == 0 and line["x"]["last_seq"] is None
 
 
 # ---------------------------------------------------------------- random losses

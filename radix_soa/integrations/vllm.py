@@ -161,8 +161,8 @@ class KVEventSubscriber:
     topic])`` tuple or a dict). ``start()`` runs one background thread
     polling every worker's sockets; without it, ``poll_once(timeout_ms)``
     does one round in the caller's thread. ``stats()`` counts per worker.
-    The class docstring of the module says what happens on gaps, restarts
-    and malformed frames.
+    The module's docstring says what happens on gaps, restarts and
+    malformed frames.
 
     ``replay_timeout``: seconds a replay may take before the batches held
     are applied without it. ``poll_interval``: the thread's longest wait
@@ -322,6 +322,7 @@ class KVEventSubscriber:
 
     @property
     def running(self):
+        """Whether the polling thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
     def close(self):
@@ -544,3 +545,75 @@ class KVEventSubscriber:
         if self.medium is not None and e.get("medium") not in (None, self.medium):
             return False
         return self.group_idx is None or e.get("group_idx") in (None, self.group_idx)
+
+
+# ---------------------------------------------------------------- the command
+def parse_worker(text):
+    """``WORKER=PUB[,REPLAY[,TOPIC]]`` as ``(worker, Endpoint)``.
+
+    >>> parse_worker("gpu0=tcp://h:5557,tcp://h:5558")
+    ('gpu0', Endpoint(pub='tcp://h:5557', replay='tcp://h:5558', topic=''))
+    """
+    name, eq, rest = text.partition("=")
+    parts = rest.split(",")
+    if not eq or not name or not 1 <= len(parts) <= 3 or not parts[0]:
+        raise ValueError(f"a worker is WORKER=PUB[,REPLAY[,TOPIC]]; got {text!r}")
+    return name, as_endpoint((parts[0], parts[1] or None if len(parts) > 1 else None,
+                              parts[2] if len(parts) > 2 else ""), name)
+
+
+def main(argv=None):
+    """``python -m radix_soa.integrations.vllm WORKER=PUB[,REPLAY[,TOPIC]]
+    ...``: subscribe to vLLM publishers and print, every ``--interval``
+    seconds, one JSON line of each worker's status, pages and counts (for
+    ``--duration`` seconds, or until interrupted). Bad arguments exit 2
+    with one line."""
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m radix_soa.integrations.vllm",
+                                description="Follow vLLM KV-event publishers into a "
+                                            "RouterIndex and print its state.")
+    p.add_argument("workers", nargs="+", metavar="WORKER=PUB[,REPLAY[,TOPIC]]")
+    p.add_argument("--page-size", type=int, default=16, help="vLLM's block_size (16)")
+    p.add_argument("--event-hash", choices=["sha256_cbor", "fast64"], default="sha256_cbor",
+                   help="the engines' hash: vLLM's sha256_cbor (--prefix-caching-hash-algo "
+                        "sha256_cbor) by default")
+    p.add_argument("--event-hash-seed", default=None,
+                   help="the engines' PYTHONHASHSEED (needed to score queries)")
+    p.add_argument("--interval", type=float, default=5.0)
+    p.add_argument("--duration", type=float, default=None)
+    args = p.parse_args(argv)
+    try:
+        endpoints = dict(parse_worker(w) for w in args.workers)
+        if len(endpoints) != len(args.workers):
+            raise ValueError("a worker is named twice")
+        if not args.interval > 0 or (args.duration is not None and not args.duration >= 0):
+            raise ValueError("--interval must be positive and --duration not negative")
+        ix = RouterIndex(args.page_size, event_hash=args.event_hash,
+                         event_hash_seed=args.event_hash_seed if args.event_hash ==
+                         "sha256_cbor" else None, strict=False)
+        sub = KVEventSubscriber(ix, endpoints)
+    except (TypeError, ValueError, zmq.ZMQError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    end = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        with sub.start():
+            while True:
+                left = args.interval if end is None else min(args.interval,
+                                                             end - time.monotonic())
+                if left > 0:
+                    time.sleep(left)
+                stats = sub.stats()
+                print(json.dumps({str(w): {"status": ix.status(w), "pages": len(ix.blocks_of(w)),
+                                           **s} for w, s in stats.items()}), flush=True)
+                if end is not None and time.monotonic() >= end:
+                    return 0
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

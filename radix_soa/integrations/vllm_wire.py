@@ -231,7 +231,8 @@ def encode_batch(events, *, ts=None, data_parallel_rank=0, encoding="map"):
 
 class WirePublisher:
     """A publisher speaking vLLM's KV-event protocol, as ``ZmqEventPublisher``
-    does: a PUB socket bound at ``endpoint``, a ROUTER at
+    does: a PUB socket bound at ``endpoint`` (an XPUB, which is a PUB on the
+    wire and hears subscriptions: ``wait_subscribers``), a ROUTER at
     ``replay_endpoint`` (optional) answering replays from the last
     ``buffer_steps`` batches, ``replay_topic`` (vLLM 0.34.0's replies,
     the default) or not (earlier ones). ``publish`` sends from the caller's
