@@ -281,6 +281,26 @@ def test_a_dropped_batch_is_detected_and_replayed(ctx):
             [[pc.match_length(q)] for q in queries]
 
 
+def test_a_gap_among_the_batches_held_during_a_replay_is_asked_for_again(ctx):
+    _, batches, _ = engine_batches(12, n=5)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, serve=False, context=ctx) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+        assert pub.wait_subscribers(1)
+        pub.publish(batches[0])
+        pub.publish(batches[1], send=False)
+        pub.publish(batches[2])
+        wait(sub, lambda: sub.stats("w")["replaying"])     # asked for 1..
+        assert pub.serve_replay(5000) == 1                 # answered: 1, 2, the end
+        pub.publish(batches[3], send=False)
+        pub.publish(batches[4])                            # held, past a new gap
+        wait(sub, lambda: sub.stats("w")["replaying"] and sub.stats("w")["last_seq"] == 2)
+        assert pub.serve_replay(5000) == 1                 # asked again, from 3
+        wait(sub, caught_up(sub, "w", pub))
+        assert ix.status("w") == "exact" and ix.blocks_of("w") == reference(batches)
+        assert sub.stats("w")["replayed"] == 4
+
+
 def test_a_subscriber_joining_late_replays_from_zero(ctx):
     _, batches, _ = engine_batches(5)
     ix = index()

@@ -20,7 +20,8 @@ from 0), per worker:
 - a batch past the next one expected is a gap: the missed ones are asked of
   the replay socket, the batches arriving meanwhile are held, and all are
   applied in order once the replay ends (its end marker, or
-  ``replay_timeout`` seconds). A batch the replay cannot give (gone from the
+  ``replay_timeout`` seconds; a gap left among the held batches is asked
+  for again while replays make progress). A batch the replay cannot give (gone from the
   publisher's buffer, or no replay socket) leaves the gap to the index,
   which marks the worker degraded (``RouterIndex.status``) and goes on
   applying: the worker stays answerable;
@@ -71,6 +72,7 @@ from ..router_index import RouterIndex, worker_id
 
 __all__ = ["KVEventSubscriber", "Endpoint"]
 
+SUB_HWM = 100_000  # vLLM's PUB high-water mark: batches queued before ZMQ drops
 _STATS = ("batches", "events", "skipped", "gaps", "replayed", "replay_timeouts", "restarts",
           "duplicates", "errors")
 
@@ -125,6 +127,7 @@ class _Feed:
         self.worker, self.endpoint, self.ctx = worker, endpoint, ctx
         self.sub = ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, SUB_HWM)
         self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
         self.sub.connect(endpoint.pub)
         self.replay = None
@@ -133,6 +136,7 @@ class _Feed:
         self.high = None        # the highest seq seen on the PUB socket
         self.pending = {}       # seq -> payload, held while a replay runs
         self.deadline = None    # while a replay runs: when it is given up
+        self.replay_start = 0   # the seq the last replay asked from
         self.stats = dict.fromkeys(_STATS, 0)
         self.stats.update(last_seq=None, last_error=None, data_parallel_rank=None, ts=None)
 
@@ -140,6 +144,9 @@ class _Feed:
         if self.endpoint.replay is not None:
             self.replay = self.ctx.socket(zmq.DEALER)
             self.replay.setsockopt(zmq.LINGER, 0)
+            # no limit: a ROUTER drops what a full peer cannot take, and a
+            # replay is at most the publisher's buffer (10,000 batches)
+            self.replay.setsockopt(zmq.RCVHWM, 0)
             self.replay.connect(self.endpoint.replay)
 
     def reset_replay(self):
@@ -406,7 +413,10 @@ class KVEventSubscriber:
         if any(f.deadline is not None for f in self._feeds.values()):
             wait = min(wait, 20)
         for sock, _ in self._poller.poll(wait) if self._by_socket else ():
-            feed, is_replay = self._by_socket[sock]
+            entry = self._by_socket.get(sock)
+            if entry is None:
+                continue  # a replay socket replaced during this round
+            feed, is_replay = entry
             for _ in range(1000):  # a bound, so one busy worker cannot starve the rest
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -429,7 +439,7 @@ class KVEventSubscriber:
             if feed.deadline is not None and now >= feed.deadline:
                 feed.stats["replay_timeouts"] += 1
                 self._drop_replay_socket(feed)
-                self._finish_replay(feed)
+                self._finish_replay(feed, False)
         return n
 
     # ------------------------------------------------------------ the stream
@@ -478,13 +488,18 @@ class KVEventSubscriber:
         if feed.replay is None:
             self._apply(feed, seq, payload)  # the index sees the gap: degraded
             return
-        try:
-            feed.replay.send_multipart([b"", expected.to_bytes(8, "big")], zmq.NOBLOCK)
-        except zmq.Again:
-            self._apply(feed, seq, payload)
-            return
         feed.pending[seq] = payload
+        if not self._request_replay(feed, expected):
+            self._finish_replay(feed, False)
+
+    def _request_replay(self, feed, start):
+        try:
+            feed.replay.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        feed.replay_start = start
         feed.deadline = time.monotonic() + self.replay_timeout
+        return True
 
     def _drop_replay_socket(self, feed):
         old = feed.replay
@@ -506,7 +521,7 @@ class KVEventSubscriber:
         if feed.deadline is None:
             return  # not asked for: ignore
         if frames[0] == END_SEQ:
-            self._finish_replay(feed)
+            self._finish_replay(feed, True)
             return
         seq = int.from_bytes(frames[0], "big")
         feed.pending.pop(seq, None)
@@ -515,12 +530,24 @@ class KVEventSubscriber:
         feed.stats["replayed"] += 1
         self._apply(feed, seq, frames[1])
 
-    def _finish_replay(self, feed):
+    def _finish_replay(self, feed, answered):
+        """Apply the batches held, in order. A gap among them that a replay
+        which answered may fill (it moved the stream on: the publisher sent
+        more since it was asked) is asked for again."""
         feed.deadline = None
-        pending, feed.pending = feed.pending, {}
-        for seq in sorted(pending):
-            if feed.last is None or seq > feed.last:
-                self._apply(feed, seq, pending[seq])
+        held = sorted(feed.pending.items())
+        feed.pending = {}
+        for i, (seq, payload) in enumerate(held):
+            if feed.last is not None and seq <= feed.last:
+                continue
+            expected = 0 if feed.last is None else feed.last + 1
+            if (seq > expected and answered and feed.replay is not None
+                    and expected > feed.replay_start):
+                feed.pending = dict(held[i:])
+                if self._request_replay(feed, expected):
+                    return
+                feed.pending = {}
+            self._apply(feed, seq, payload)
 
     def _apply(self, feed, seq, payload):
         feed.last = seq
