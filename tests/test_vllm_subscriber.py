@@ -594,29 +594,41 @@ def test_the_command_prints_each_workers_state(capsys):
 
 # ---------------------------------------------------------------- random losses
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**20), fate=st.lists(st.sampled_from("sssssssddx"), min_size=30,
                                                  max_size=30),
-       encoding=st.sampled_from(ALL))
-def test_random_drops_and_duplicates_end_exact_after_replay(seed, fate, encoding):
-    """Each batch sent (s), dropped (d: kept for replay) or sent twice (x);
-    after a last batch the subscriber holds exactly the engine's pages."""
+       restart_at=st.none() | st.integers(2, 28), encoding=st.sampled_from(ALL))
+def test_random_drops_duplicates_and_a_restart_end_exact(seed, fate, restart_at, encoding):
+    """Each batch sent (s), dropped (d: kept for replay) or sent twice (x),
+    the engine restarting (a fresh cache, its publisher counting from 0)
+    before batch ``restart_at``, the batches either side of it sent (a seq
+    going down: what the subscriber can see); the subscriber
+    polling at random points. After a last batch it holds exactly the
+    pages of the engine running then."""
     pc, batches, queries = engine_batches(seed, n=len(fate))
+    if restart_at is not None:
+        pc, after, queries = engine_batches(seed + 1, n=len(fate) - restart_at)
+        batches = batches[:restart_at] + after
+        fate[restart_at - 1] = fate[restart_at] = "s"  # a restart the numbers show
     ix = index()
     with WirePublisher(LOCAL, LOCAL, encoding=encoding) as pub, \
             KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
         assert pub.wait_subscribers(1)
-        for b, f in zip(batches, fate):
+        for i, (b, f) in enumerate(zip(batches, fate)):
+            if i == restart_at:
+                pub.restart()
             seq = pub.publish(b, send=f != "d")
             if f == "x":
                 pub.send_raw([b"", seq.to_bytes(8, "big"), pub.buffer[-1][1]])
-            if random.Random(seed + seq).random() < 0.3:
+            if random.Random(seed + i).random() < 0.3:
                 sub.poll_once(0)
         pub.publish([])
         wait(sub, caught_up(sub, "w", pub))
         s = sub.stats("w")
-        assert s["duplicates"] == fate.count("x") and s["errors"] == s["restarts"] == 0
-        assert ix.status("w") == "exact" and ix.blocks_of("w") == reference(batches)
+        assert s["duplicates"] == fate.count("x") and s["errors"] == 0
+        assert s["restarts"] == (restart_at is not None)
+        live = batches[restart_at or 0:]
+        assert ix.status("w") == "exact" and ix.blocks_of("w") == reference(live)
         assert [ix.overlap(q).tolist() for q in queries] == \
             [[pc.match_length(q)] for q in queries]
 

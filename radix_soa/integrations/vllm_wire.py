@@ -317,6 +317,13 @@ class WirePublisher:
                 self.subscriptions += 1
         return True
 
+    def restart(self):
+        """Count from 0 again with an empty buffer, as the publisher of a
+        restarted engine does (on the same sockets)."""
+        with self._lock:
+            self.seq = 0
+            self.buffer.clear()
+
     def send_raw(self, frames):
         """Send ``frames`` as one multipart message on the PUB socket."""
         with self._lock:
