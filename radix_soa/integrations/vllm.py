@@ -66,7 +66,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from .vllm_wire import END_SEQ, decode_batch, zmq
+from .vllm_wire import END_SEQ, decode_events, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
 
@@ -554,17 +554,17 @@ class KVEventSubscriber:
         st = feed.stats
         st["last_seq"] = seq
         try:
-            batch = decode_batch(payload)
-            events = [e for e in batch.events if self._wanted(e)]
-            st["skipped"] += len(batch.events) - len(events)
+            ts, decoded, rank = decode_events(payload)
+            events = [e for d, e in decoded if self._wanted(d)]
+            st["skipped"] += len(decoded) - len(events)
             self.index.apply(feed.worker, events, strict=False, seq=seq + 1)
         except EventError as exc:
             self._error(feed, seq, str(exc))
             return
         st["batches"] += 1
         st["events"] += len(events)
-        st["data_parallel_rank"] = batch.data_parallel_rank
-        st["ts"] = batch.ts
+        st["data_parallel_rank"] = rank
+        st["ts"] = ts
 
     def _wanted(self, e):
         if e["type"] == "AllBlocksCleared":

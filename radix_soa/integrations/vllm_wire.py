@@ -66,7 +66,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                                  event_from_dict)
 
-__all__ = ["WireBatch", "decode_batch", "encode_batch", "encode_event", "WirePublisher",
+__all__ = ["WireBatch", "decode_batch", "decode_events", "encode_batch", "encode_event", "WirePublisher",
            "ENCODINGS", "END_SEQ"]
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -140,15 +140,22 @@ def _event(raw, i):
         if kind == "BlockStored" and d.get("parent_block_hash") is not None:
             d["parent_block_hash"] = _hash("parent_block_hash", d["parent_block_hash"])
     try:
-        event_from_dict(d)
+        return d, event_from_dict(d)
     except EventError as exc:
         raise EventError(f"event {i}: {exc}") from None
-    return d
 
 
 def decode_batch(payload):
     """A batch's payload (bytes) as a ``WireBatch``, in either event
     encoding; ``EventError`` says what is malformed."""
+    ts, events, rank = decode_events(payload)
+    return WireBatch(ts, [d for d, _ in events], rank)
+
+
+def decode_events(payload):
+    """``decode_batch`` with each event as ``(dict, event object)``: the
+    object checked, for ``RouterIndex.apply``, the dict with vLLM's
+    further fields."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise EventError(f"a payload is bytes; got {type(payload).__name__}")
     try:
@@ -169,7 +176,7 @@ def decode_batch(payload):
         raise EventError(f"the batch's events must be a list; got {type(events).__name__}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
         raise EventError(f"data_parallel_rank must be an int; got {type(rank).__name__}")
-    return WireBatch(float(ts), [_event(e, i) for i, e in enumerate(events)], rank)
+    return float(ts), [_event(e, i) for i, e in enumerate(events)], rank
 
 
 def _as_dict(event):
@@ -231,7 +238,7 @@ def encode_batch(events, *, ts=None, data_parallel_rank=0, encoding="map"):
 
 class WirePublisher:
     """A publisher speaking vLLM's KV-event protocol, as ``ZmqEventPublisher``
-    does: a PUB socket bound at ``endpoint`` (an XPUB, which is a PUB on the
+    does: a PUB socket (high-water mark ``hwm``) bound at ``endpoint`` (an XPUB, which is a PUB on the
     wire and hears subscriptions: ``wait_subscribers``), a ROUTER at
     ``replay_endpoint`` (optional) answering replays from the last
     ``buffer_steps`` batches, ``replay_topic`` (vLLM 0.34.0's replies,
@@ -250,8 +257,8 @@ class WirePublisher:
     """
 
     def __init__(self, endpoint, replay_endpoint=None, *, topic="", buffer_steps=10_000,
-                 encoding="map", data_parallel_rank=0, replay_topic=True, serve=True,
-                 context=None):
+                 hwm=100_000, encoding="map", data_parallel_rank=0, replay_topic=True,
+                 serve=True, context=None):
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
         self._ctx = context or zmq.Context.instance()
@@ -266,6 +273,7 @@ class WirePublisher:
         self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)  # vLLM's hwm
         self.subscriptions = 0
         self.endpoint = self._bind(self._pub, endpoint)
         self._replay = None
@@ -273,6 +281,7 @@ class WirePublisher:
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))  # as vLLM 0.34.0
             self.replay_endpoint = self._bind(self._replay, replay_endpoint)
         self._stop = threading.Event()
         self._thread = None
