@@ -24,6 +24,8 @@ from radix_soa.integrations.vllm_wire import (WirePublisher, decode_batch, encod
 
 PAGE = 4
 LOCAL = "tcp://127.0.0.1:*"
+# a replay given up is a lost batch: on a loaded machine wait long before that
+SLOW = {"replay_timeout": 60}
 
 
 def engine_batches(seed, n=25, event_hash="fast64", namespaces=(None,)):
@@ -57,7 +59,7 @@ def reference(batches):
     return ref.held("w")
 
 
-def wait(sub, cond, timeout=15):
+def wait(sub, cond, timeout=60):
     assert sub.wait(cond, timeout), sub.stats()
 
 
@@ -248,7 +250,7 @@ def test_every_encoding_builds_the_index_the_engine_holds(ctx, encoding):
     pc, batches, queries = engine_batches(3)
     ix = index()
     with WirePublisher(LOCAL, LOCAL, encoding=encoding, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         for b in batches:
             pub.publish(b)
@@ -262,12 +264,14 @@ def test_every_encoding_builds_the_index_the_engine_holds(ctx, encoding):
         assert s["events"] == sum(map(len, batches))
 
 
-def test_a_dropped_batch_is_detected_and_replayed(ctx):
+@pytest.mark.parametrize("replay_topic", [True, False])  # vLLM 0.34.0's replies, earlier ones
+def test_a_dropped_batch_is_detected_and_replayed(ctx, replay_topic):
     pc, batches, queries = engine_batches(4)
     drop = {3, 4, 11}
     ix = index()
-    with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+    with WirePublisher(LOCAL, LOCAL, replay_topic=replay_topic, topic="kv", context=ctx) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint, "kv")},
+                              **SLOW) as sub:
         assert pub.wait_subscribers(1)
         for i, b in enumerate(batches):
             pub.publish(b, send=i not in drop)
@@ -285,7 +289,7 @@ def test_a_gap_among_the_batches_held_during_a_replay_is_asked_for_again(ctx):
     _, batches, _ = engine_batches(12, n=5)
     ix = index()
     with WirePublisher(LOCAL, LOCAL, serve=False, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         pub.publish(batches[0])
         pub.publish(batches[1], send=False)
@@ -305,7 +309,7 @@ def test_a_subscriber_joining_late_replays_from_zero(ctx):
     with WirePublisher(LOCAL, LOCAL, context=ctx) as pub:
         for b in batches[:-1]:
             pub.publish(b)          # nobody listens yet: lost to the subscriber
-        with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+        with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
             assert pub.wait_subscribers(1)
             pub.publish(batches[-1])
             wait(sub, caught_up(sub, "w", pub))
@@ -317,7 +321,7 @@ def test_a_batch_gone_from_the_replay_buffer_degrades_the_worker_which_stays_ans
     pc = rs.PrefixCache(page_size=PAGE, events=True, values=False)
     ix = index()
     with WirePublisher(LOCAL, LOCAL, buffer_steps=2, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         pc.insert([1, 2, 3, 4])
         pub.publish(pc.take_events())
@@ -370,7 +374,7 @@ def test_a_restarted_engine_is_seen_and_its_old_pages_dropped(ctx):
     new, new_batches, queries = engine_batches(7, n=8)
     ix = index()
     pub = WirePublisher(LOCAL, LOCAL, context=ctx)
-    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         for b in old_batches:
             pub.publish(b)
@@ -396,7 +400,7 @@ def test_malformed_frames_are_counted_and_the_thread_goes_on(ctx):
     pc = rs.PrefixCache(page_size=PAGE, events=True, values=False)
     ix = index()
     with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         sub.start()
         assert pub.wait_subscribers(1)
         pc.insert([1, 2, 3, 4])
@@ -430,7 +434,7 @@ def test_other_media_and_groups_are_skipped(ctx):
     gpu = {**e.to_dict(), "medium": "GPU", "group_idx": 0}
     ix = index()
     with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         pub.publish([gpu, {**gpu, "medium": "CPU"}, {**gpu, "group_idx": 1}])
         wait(sub, caught_up(sub, "w", pub))
@@ -447,7 +451,7 @@ def test_many_workers_on_one_thread_and_stop_within_a_bound(ctx):
     pubs = {w: WirePublisher(LOCAL, LOCAL, encoding=ALL[w], context=ctx) for w in runs}
     ix = index()
     sub = KVEventSubscriber(ix, {w: Endpoint(p.endpoint, p.replay_endpoint)
-                                 for w, p in pubs.items()}).start()
+                                 for w, p in pubs.items()}, **SLOW).start()
     assert sub.running and threads() == 1
     for w, p in pubs.items():
         assert p.wait_subscribers(1)
@@ -513,7 +517,7 @@ def test_sha256_cbor_hashes_in_both_forms(ctx):
     for form in (batches, as_int):
         ix = index(event_hash="sha256_cbor", event_hash_seed="0")
         with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
-                KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+                KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
             assert pub.wait_subscribers(1)
             for i, b in enumerate(form):
                 pub.publish(b, send=i % 5 != 2)
@@ -610,7 +614,7 @@ def test_random_drops_duplicates_and_a_restart_end_exact(seed, fate, restart_at,
         fate[restart_at - 1] = fate[restart_at] = "s"  # a restart the numbers show
     ix = index()
     with WirePublisher(LOCAL, LOCAL, encoding=encoding) as pub, \
-            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}) as sub:
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
         assert pub.wait_subscribers(1)
         for i, (b, f) in enumerate(zip(batches, fate)):
             if i == restart_at:
@@ -664,7 +668,7 @@ def test_vllms_own_publisher_with_a_gap_replayed(tmp_path):
         for b in batches[:10]:   # before the subscriber: missed, there to replay
             vpub.publish(kv.KVEventBatch(ts=1.0, events=[convert(e) for e in b]))
         ep = Endpoint(pub_at, replay_at, "kv")
-        with KVEventSubscriber(ix, {"w": ep}) as sub:
+        with KVEventSubscriber(ix, {"w": ep}, **SLOW) as sub:
             sent = 10
             # vLLM's PUB says nothing of subscribers: send empty batches until one arrives
             while not sub.wait(lambda: sub.stats("w")["batches"] > 0, timeout=0.2):

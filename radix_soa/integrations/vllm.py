@@ -20,9 +20,10 @@ from 0), per worker:
 - a batch past the next one expected is a gap: the missed ones are asked of
   the replay socket, the batches arriving meanwhile are held, and all are
   applied in order once the replay ends (its end marker, or
-  ``replay_timeout`` seconds; a gap left among the held batches is asked
-  for again while replays make progress). A batch the replay cannot give (gone from the
-  publisher's buffer, or no replay socket) leaves the gap to the index,
+  ``replay_timeout`` seconds of silence; a gap left among the held batches
+  is asked for again while replays make progress). A batch the replay
+  cannot give (gone from the publisher's buffer, or no replay socket)
+  leaves the gap to the index,
   which marks the worker degraded (``RouterIndex.status``) and goes on
   applying: the worker stays answerable;
 - a batch numbered below the highest seen on the PUB socket is a restart (a
@@ -171,15 +172,16 @@ class KVEventSubscriber:
     The module's docstring says what happens on gaps, restarts and
     malformed frames.
 
-    ``replay_timeout``: seconds a replay may take before the batches held
-    are applied without it. ``poll_interval``: the thread's longest wait
+    ``replay_timeout``: seconds the replay socket may stay silent (before
+    its first reply, between replies) before the batches held are applied
+    without the rest of it. ``poll_interval``: the thread's longest wait
     (seconds), which bounds how long ``stop`` and ``add_endpoint`` wait.
     ``medium`` / ``group_idx``: the events taken (see the module).
     ``context``: a ``zmq.Context`` to use (by default one of its own, ended
     by ``close``).
     """
 
-    def __init__(self, index, endpoints=None, *, replay_timeout=2.0, poll_interval=0.05,
+    def __init__(self, index, endpoints=None, *, replay_timeout=5.0, poll_interval=0.05,
                  medium="GPU", group_idx=0, context=None):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
@@ -524,6 +526,7 @@ class KVEventSubscriber:
             self._finish_replay(feed, True)
             return
         seq = int.from_bytes(frames[0], "big")
+        feed.deadline = time.monotonic() + self.replay_timeout  # it answers: wait on
         feed.pending.pop(seq, None)
         if feed.last is not None and seq <= feed.last:
             return

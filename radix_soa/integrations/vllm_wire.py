@@ -66,7 +66,8 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                                  event_from_dict)
 
-__all__ = ["WireBatch", "decode_batch", "decode_events", "encode_batch", "encode_event", "WirePublisher",
+__all__ = ["WireBatch", "decode_batch", "decode_events", "encode_batch", "encode_event",
+           "WirePublisher",
            "ENCODINGS", "END_SEQ"]
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -238,15 +239,16 @@ def encode_batch(events, *, ts=None, data_parallel_rank=0, encoding="map"):
 
 class WirePublisher:
     """A publisher speaking vLLM's KV-event protocol, as ``ZmqEventPublisher``
-    does: a PUB socket (high-water mark ``hwm``) bound at ``endpoint`` (an XPUB, which is a PUB on the
-    wire and hears subscriptions: ``wait_subscribers``), a ROUTER at
-    ``replay_endpoint`` (optional) answering replays from the last
-    ``buffer_steps`` batches, ``replay_topic`` (vLLM 0.34.0's replies,
-    the default) or not (earlier ones). ``publish`` sends from the caller's
-    thread; replay requests are served by ``serve_replay`` (call it) or by
-    a thread (``serve=True``, the default). For tests: ``publish(...,
-    send=False)`` numbers and buffers a batch without sending it (a batch
-    lost on the way), ``send_raw`` sends any frames.
+    does: a PUB socket (high-water mark ``hwm``) bound at ``endpoint`` (an
+    XPUB, which is a PUB on the wire and hears subscriptions:
+    ``wait_subscribers``), a ROUTER at ``replay_endpoint`` (optional)
+    answering replays from the last ``buffer_steps`` batches, with
+    ``replay_topic`` (vLLM 0.34.0's replies, the default) or without
+    (earlier ones). ``publish`` sends from the caller's thread; replay
+    requests are served by ``serve_replay`` (call it) or by a thread
+    (``serve=True``, the default). For tests: ``publish(..., send=False)``
+    numbers and buffers a batch without sending it (a batch lost on the
+    way), ``send_raw`` sends any frames, ``restart`` counts from 0 again.
 
     >>> pub = WirePublisher("tcp://127.0.0.1:*")
     >>> pub.endpoint.startswith("tcp://127.0.0.1:")
