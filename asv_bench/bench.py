@@ -1264,7 +1264,7 @@ def section_vllm(repeat):
             best[name] = min(best[name], time.perf_counter() - t0)
         best["wire"] = min(best["wire"], wire())
     ctx.destroy(0)
-    line("decode_batch + apply, no sockets", best["decoded"], best["direct"], "apply alone")
+    line("decode + apply, no sockets", best["decoded"], best["direct"], "apply alone")
     line("KVEventSubscriber over loopback ZMQ", best["wire"], best["direct"], "apply alone")
     print(f"  subscriber: {2 * n / best['wire']:,.0f} batches/s, {events / best['wire']:,.0f} "
           "events/s into the index (one thread, 2 workers)")

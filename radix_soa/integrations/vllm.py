@@ -130,9 +130,13 @@ class _Feed:
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, SUB_HWM)
         self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
-        self.sub.connect(endpoint.pub)
         self.replay = None
-        self._connect_replay()
+        try:
+            self.sub.connect(endpoint.pub)
+            self._connect_replay()
+        except BaseException:
+            self.close()
+            raise
         self.last = None        # the last seq handled (applied or lost)
         self.high = None        # the highest seq seen on the PUB socket
         self.pending = {}       # seq -> payload, held while a replay runs
@@ -143,12 +147,17 @@ class _Feed:
 
     def _connect_replay(self):
         if self.endpoint.replay is not None:
-            self.replay = self.ctx.socket(zmq.DEALER)
-            self.replay.setsockopt(zmq.LINGER, 0)
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
             # no limit: a ROUTER drops what a full peer cannot take, and a
             # replay is at most the publisher's buffer (10,000 batches)
-            self.replay.setsockopt(zmq.RCVHWM, 0)
-            self.replay.connect(self.endpoint.replay)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            try:
+                sock.connect(self.endpoint.replay)
+            except BaseException:
+                sock.close(0)
+                raise
+            self.replay = sock
 
     def reset_replay(self):
         """A fresh DEALER: replies to a request given up never arrive."""
@@ -217,16 +226,35 @@ class KVEventSubscriber:
         self._thread = None
         self._stop = threading.Event()
         self._closed = False
-        for w, ep in specs.items():
-            self._add(w, ep)
+        feeds = []
+        try:  # every socket made before anything is registered
+            for w, ep in specs.items():
+                feeds.append(self._feed(w, ep))
+        except BaseException:
+            for f in feeds:
+                f.close()
+            if self._own_ctx:
+                self._ctx.destroy(0)
+            raise
+        for feed in feeds:
+            self._attach(feed)
 
     # ------------------------------------------------------------ workers
+    def _feed(self, worker, ep):
+        try:
+            return _Feed(worker, ep, self._ctx)
+        except zmq.ZMQError as exc:
+            raise ValueError(f"the endpoint of worker {worker!r} ({ep.pub}, {ep.replay}): "
+                             f"{exc}") from None
+
     def _add(self, worker, ep):
         if worker in self._feeds:
             raise ValueError(f"worker {worker!r} already has an endpoint")
-        self.index.add_worker(worker)
-        feed = _Feed(worker, ep, self._ctx)
-        self._feeds[worker] = feed
+        self._attach(self._feed(worker, ep))
+
+    def _attach(self, feed):
+        self.index.add_worker(feed.worker)
+        self._feeds[feed.worker] = feed
         self._register(feed.sub, feed, False)
         if feed.replay is not None:
             self._register(feed.replay, feed, True)
