@@ -6,6 +6,7 @@ it builds is checked against a pure-Python reference index fed every event
 and against the engines' own caches. Waits poll a condition with a deadline;
 no sleep synchronizes anything."""
 
+import os
 import random
 import threading
 import time
@@ -646,6 +647,8 @@ def _vllm_kv_events():
     try:
         import vllm.distributed.kv_events as kv
     except Exception as exc:  # ImportError, or vLLM failing to set itself up
+        if os.environ.get("RADIX_SOA_REQUIRE_VLLM"):  # .ci/run's vLLM leg
+            raise
         pytest.skip(f"vLLM's own publisher is not importable here ({type(exc).__name__}: "
                     f"{exc}); docs/guide/vllm.md says how to install it on CPU")
     return kv
