@@ -288,11 +288,25 @@ class KVEventSubscriber:
                 return fn(*args)
         done, box = threading.Event(), []
         self._commands.put((fn, args, done, box))
-        if not done.wait(max(10.0, 20 * self.poll_interval)) or not thread.is_alive():
-            raise RuntimeError("the subscriber's thread did not answer")
-        if box and isinstance(box[0], BaseException):
+        while not done.wait(self.poll_interval):
+            if not thread.is_alive():  # it stopped meanwhile: run what it left
+                with self._io:
+                    self._run_commands()
+        if isinstance(box[0], BaseException):
             raise box[0]
-        return box[0] if box else None
+        return box[0]
+
+    def _run_commands(self):
+        while True:
+            try:
+                fn, args, done, box = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append(fn(*args))
+            except BaseException as exc:
+                box.append(exc)
+            done.set()
 
     def add_endpoint(self, worker, endpoint):
         """Subscribe to a new worker's publisher (also while running); the
@@ -322,8 +336,7 @@ class KVEventSubscriber:
         ``duplicates`` (a batch sent again), ``errors``, ``last_seq``
         (the last batch handled), ``last_error``, ``data_parallel_rank``
         and ``ts`` of the last batch applied, ``replaying`` (a replay
-        under way); without
-        ``worker``, a dict of every worker's."""
+        under way); without ``worker``, a dict of every worker's."""
         if worker is None:
             return {w: self._stats_of(f) for w, f in list(self._feeds.items())}
         return self._stats_of(self._feeds[worker_id(worker)])
@@ -373,7 +386,7 @@ class KVEventSubscriber:
                 self._remove(w, False)
             self._closed = True
             if self._own_ctx:
-                self._ctx.term()
+                self._ctx.destroy(0)
 
     def __enter__(self):
         return self
@@ -398,6 +411,7 @@ class KVEventSubscriber:
                 self._round(int(self.poll_interval * 1000))
             except Exception:  # pragma: no cover - a bug; keep serving the others
                 time.sleep(self.poll_interval)
+        self._run_commands()
 
     def poll_once(self, timeout_ms=0):
         """One round in the caller's thread (not while ``start``ed): wait up
@@ -429,16 +443,7 @@ class KVEventSubscriber:
 
     def _round(self, timeout_ms):
         n = 0
-        while True:
-            try:
-                fn, args, done, box = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                box.append(fn(*args))
-            except BaseException as exc:
-                box.append(exc)
-            done.set()
+        self._run_commands()
         wait = timeout_ms
         if any(f.deadline is not None for f in self._feeds.values()):
             wait = min(wait, 20)
