@@ -26,6 +26,10 @@ MODULES = [
     ("radix_soa.studies.report", "the capacity study's table and units"),
     ("radix_soa.dask", "a set of sequences sharded over Dask workers (the dask extra)"),
     ("radix_soa.service", "the router service, radix-soa router (the router extra)"),
+    ("radix_soa.integrations.vllm", "following vLLM's KV-event publishers into a RouterIndex "
+                                    "(the vllm extra)"),
+    ("radix_soa.integrations.vllm_wire", "the wire format of vLLM's KV events, and a "
+                                         "publisher writing it (the vllm extra)"),
 ]
 
 

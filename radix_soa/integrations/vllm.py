@@ -20,8 +20,10 @@ from 0), per worker:
 - a batch past the next one expected is a gap: the missed ones are asked of
   the replay socket, the batches arriving meanwhile are held, and all are
   applied in order once the replay ends (its end marker, or
-  ``replay_timeout`` seconds). A batch the replay cannot give (gone from the
-  publisher's buffer, or no replay socket) leaves the gap to the index,
+  ``replay_timeout`` seconds of silence; a gap left among the held batches
+  is asked for again while replays make progress). A batch the replay
+  cannot give (gone from the publisher's buffer, or no replay socket)
+  leaves the gap to the index,
   which marks the worker degraded (``RouterIndex.status``) and goes on
   applying: the worker stays answerable;
 - a batch numbered below the highest seen on the PUB socket is a restart (a
@@ -33,7 +35,8 @@ from 0), per worker:
 - a malformed frame, payload or event (or one the index refuses: another
   page size, bytes hashes in a ``fast64`` index) is counted in the worker's
   ``errors`` with ``last_error`` naming the worker and seq; the batch is
-  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``).
+  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``;
+  also for a message too malformed to tell its seq).
   Nothing a publisher sends stops the thread.
 
 Each batch applies with ``strict=False`` and ``seq`` = its number + 1 (0
@@ -64,12 +67,13 @@ import threading
 import time
 from typing import NamedTuple
 
-from .vllm_wire import END_SEQ, decode_batch, zmq
+from .vllm_wire import END_SEQ, decode_events, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
 
 __all__ = ["KVEventSubscriber", "Endpoint"]
 
+SUB_HWM = 100_000  # vLLM's PUB high-water mark: batches queued before ZMQ drops
 _STATS = ("batches", "events", "skipped", "gaps", "replayed", "replay_timeouts", "restarts",
           "duplicates", "errors")
 
@@ -124,22 +128,36 @@ class _Feed:
         self.worker, self.endpoint, self.ctx = worker, endpoint, ctx
         self.sub = ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, SUB_HWM)
         self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
-        self.sub.connect(endpoint.pub)
         self.replay = None
-        self._connect_replay()
+        try:
+            self.sub.connect(endpoint.pub)
+            self._connect_replay()
+        except BaseException:
+            self.close()
+            raise
         self.last = None        # the last seq handled (applied or lost)
         self.high = None        # the highest seq seen on the PUB socket
         self.pending = {}       # seq -> payload, held while a replay runs
         self.deadline = None    # while a replay runs: when it is given up
+        self.replay_start = 0   # the seq the last replay asked from
         self.stats = dict.fromkeys(_STATS, 0)
         self.stats.update(last_seq=None, last_error=None, data_parallel_rank=None, ts=None)
 
     def _connect_replay(self):
         if self.endpoint.replay is not None:
-            self.replay = self.ctx.socket(zmq.DEALER)
-            self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay.connect(self.endpoint.replay)
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            # no limit: a ROUTER drops what a full peer cannot take, and a
+            # replay is at most the publisher's buffer (10,000 batches)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            try:
+                sock.connect(self.endpoint.replay)
+            except BaseException:
+                sock.close(0)
+                raise
+            self.replay = sock
 
     def reset_replay(self):
         """A fresh DEALER: replies to a request given up never arrive."""
@@ -160,18 +178,19 @@ class KVEventSubscriber:
     topic])`` tuple or a dict). ``start()`` runs one background thread
     polling every worker's sockets; without it, ``poll_once(timeout_ms)``
     does one round in the caller's thread. ``stats()`` counts per worker.
-    The class docstring of the module says what happens on gaps, restarts
-    and malformed frames.
+    The module's docstring says what happens on gaps, restarts and
+    malformed frames.
 
-    ``replay_timeout``: seconds a replay may take before the batches held
-    are applied without it. ``poll_interval``: the thread's longest wait
+    ``replay_timeout``: seconds the replay socket may stay silent (before
+    its first reply, between replies) before the batches held are applied
+    without the rest of it. ``poll_interval``: the thread's longest wait
     (seconds), which bounds how long ``stop`` and ``add_endpoint`` wait.
     ``medium`` / ``group_idx``: the events taken (see the module).
     ``context``: a ``zmq.Context`` to use (by default one of its own, ended
     by ``close``).
     """
 
-    def __init__(self, index, endpoints=None, *, replay_timeout=2.0, poll_interval=0.05,
+    def __init__(self, index, endpoints=None, *, replay_timeout=5.0, poll_interval=0.05,
                  medium="GPU", group_idx=0, context=None):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
@@ -207,16 +226,35 @@ class KVEventSubscriber:
         self._thread = None
         self._stop = threading.Event()
         self._closed = False
-        for w, ep in specs.items():
-            self._add(w, ep)
+        feeds = []
+        try:  # every socket made before anything is registered
+            for w, ep in specs.items():
+                feeds.append(self._feed(w, ep))
+        except BaseException:
+            for f in feeds:
+                f.close()
+            if self._own_ctx:
+                self._ctx.destroy(0)
+            raise
+        for feed in feeds:
+            self._attach(feed)
 
     # ------------------------------------------------------------ workers
+    def _feed(self, worker, ep):
+        try:
+            return _Feed(worker, ep, self._ctx)
+        except zmq.ZMQError as exc:
+            raise ValueError(f"the endpoint of worker {worker!r} ({ep.pub}, {ep.replay}): "
+                             f"{exc}") from None
+
     def _add(self, worker, ep):
         if worker in self._feeds:
             raise ValueError(f"worker {worker!r} already has an endpoint")
-        self.index.add_worker(worker)
-        feed = _Feed(worker, ep, self._ctx)
-        self._feeds[worker] = feed
+        self._attach(self._feed(worker, ep))
+
+    def _attach(self, feed):
+        self.index.add_worker(feed.worker)
+        self._feeds[feed.worker] = feed
         self._register(feed.sub, feed, False)
         if feed.replay is not None:
             self._register(feed.replay, feed, True)
@@ -250,11 +288,25 @@ class KVEventSubscriber:
                 return fn(*args)
         done, box = threading.Event(), []
         self._commands.put((fn, args, done, box))
-        if not done.wait(max(10.0, 20 * self.poll_interval)) or not thread.is_alive():
-            raise RuntimeError("the subscriber's thread did not answer")
-        if box and isinstance(box[0], BaseException):
+        while not done.wait(self.poll_interval):
+            if not thread.is_alive():  # it stopped meanwhile: run what it left
+                with self._io:
+                    self._run_commands()
+        if isinstance(box[0], BaseException):
             raise box[0]
-        return box[0] if box else None
+        return box[0]
+
+    def _run_commands(self):
+        while True:
+            try:
+                fn, args, done, box = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append(fn(*args))
+            except BaseException as exc:
+                box.append(exc)
+            done.set()
 
     def add_endpoint(self, worker, endpoint):
         """Subscribe to a new worker's publisher (also while running); the
@@ -281,12 +333,17 @@ class KVEventSubscriber:
         """A worker's counts (a new dict): ``batches`` applied, ``events``
         applied, ``skipped`` (another medium or group), ``gaps`` seen,
         ``replayed`` batches, ``replay_timeouts``, ``restarts``,
-        ``duplicates``, ``errors``, ``last_seq``, ``last_error``,
-        ``data_parallel_rank`` and ``ts`` of the last batch; without
-        ``worker``, a dict of every worker's."""
+        ``duplicates`` (a batch sent again), ``errors``, ``last_seq``
+        (the last batch handled), ``last_error``, ``data_parallel_rank``
+        and ``ts`` of the last batch applied, ``replaying`` (a replay
+        under way); without ``worker``, a dict of every worker's."""
         if worker is None:
-            return {w: dict(f.stats) for w, f in list(self._feeds.items())}
-        return dict(self._feeds[worker_id(worker)].stats)
+            return {w: self._stats_of(f) for w, f in list(self._feeds.items())}
+        return self._stats_of(self._feeds[worker_id(worker)])
+
+    @staticmethod
+    def _stats_of(feed):
+        return dict(feed.stats, replaying=feed.deadline is not None)
 
     # ------------------------------------------------------------ running
     def start(self):
@@ -315,6 +372,7 @@ class KVEventSubscriber:
 
     @property
     def running(self):
+        """Whether the polling thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
     def close(self):
@@ -328,7 +386,7 @@ class KVEventSubscriber:
                 self._remove(w, False)
             self._closed = True
             if self._own_ctx:
-                self._ctx.term()
+                self._ctx.destroy(0)
 
     def __enter__(self):
         return self
@@ -353,6 +411,7 @@ class KVEventSubscriber:
                 self._round(int(self.poll_interval * 1000))
             except Exception:  # pragma: no cover - a bug; keep serving the others
                 time.sleep(self.poll_interval)
+        self._run_commands()
 
     def poll_once(self, timeout_ms=0):
         """One round in the caller's thread (not while ``start``ed): wait up
@@ -384,21 +443,15 @@ class KVEventSubscriber:
 
     def _round(self, timeout_ms):
         n = 0
-        while True:
-            try:
-                fn, args, done, box = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                box.append(fn(*args))
-            except BaseException as exc:
-                box.append(exc)
-            done.set()
+        self._run_commands()
         wait = timeout_ms
         if any(f.deadline is not None for f in self._feeds.values()):
             wait = min(wait, 20)
         for sock, _ in self._poller.poll(wait) if self._by_socket else ():
-            feed, is_replay = self._by_socket[sock]
+            entry = self._by_socket.get(sock)
+            if entry is None:
+                continue  # a replay socket replaced during this round
+            feed, is_replay = entry
             for _ in range(1000):  # a bound, so one busy worker cannot starve the rest
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -421,7 +474,7 @@ class KVEventSubscriber:
             if feed.deadline is not None and now >= feed.deadline:
                 feed.stats["replay_timeouts"] += 1
                 self._drop_replay_socket(feed)
-                self._finish_replay(feed)
+                self._finish_replay(feed, False)
         return n
 
     # ------------------------------------------------------------ the stream
@@ -453,10 +506,12 @@ class KVEventSubscriber:
             feed.high = None
         if feed.high is None:
             self._start_stream(feed)
-        elif seq == feed.high or (feed.last is not None and seq <= feed.last):
+        elif seq == feed.high:
             feed.stats["duplicates"] += 1
             return
         feed.high = seq
+        if feed.last is not None and seq <= feed.last:
+            return  # a replay gave it already
         if feed.deadline is not None:
             feed.pending[seq] = payload
             return
@@ -468,13 +523,18 @@ class KVEventSubscriber:
         if feed.replay is None:
             self._apply(feed, seq, payload)  # the index sees the gap: degraded
             return
-        try:
-            feed.replay.send_multipart([b"", expected.to_bytes(8, "big")], zmq.NOBLOCK)
-        except zmq.Again:
-            self._apply(feed, seq, payload)
-            return
         feed.pending[seq] = payload
+        if not self._request_replay(feed, expected):
+            self._finish_replay(feed, False)
+
+    def _request_replay(self, feed, start):
+        try:
+            feed.replay.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        feed.replay_start = start
         feed.deadline = time.monotonic() + self.replay_timeout
+        return True
 
     def _drop_replay_socket(self, feed):
         old = feed.replay
@@ -496,38 +556,51 @@ class KVEventSubscriber:
         if feed.deadline is None:
             return  # not asked for: ignore
         if frames[0] == END_SEQ:
-            self._finish_replay(feed)
+            self._finish_replay(feed, True)
             return
         seq = int.from_bytes(frames[0], "big")
+        feed.deadline = time.monotonic() + self.replay_timeout  # it answers: wait on
         feed.pending.pop(seq, None)
         if feed.last is not None and seq <= feed.last:
             return
         feed.stats["replayed"] += 1
         self._apply(feed, seq, frames[1])
 
-    def _finish_replay(self, feed):
+    def _finish_replay(self, feed, answered):
+        """Apply the batches held, in order. A gap among them that a replay
+        which answered may fill (it moved the stream on: the publisher sent
+        more since it was asked) is asked for again."""
         feed.deadline = None
-        pending, feed.pending = feed.pending, {}
-        for seq in sorted(pending):
-            if feed.last is None or seq > feed.last:
-                self._apply(feed, seq, pending[seq])
+        held = sorted(feed.pending.items())
+        feed.pending = {}
+        for i, (seq, payload) in enumerate(held):
+            if feed.last is not None and seq <= feed.last:
+                continue
+            expected = 0 if feed.last is None else feed.last + 1
+            if (seq > expected and answered and feed.replay is not None
+                    and expected > feed.replay_start):
+                feed.pending = dict(held[i:])
+                if self._request_replay(feed, expected):
+                    return
+                feed.pending = {}
+            self._apply(feed, seq, payload)
 
     def _apply(self, feed, seq, payload):
         feed.last = seq
         st = feed.stats
         st["last_seq"] = seq
         try:
-            batch = decode_batch(payload)
-            events = [e for e in batch.events if self._wanted(e)]
-            st["skipped"] += len(batch.events) - len(events)
+            ts, decoded, rank = decode_events(payload)
+            events = [e for d, e in decoded if self._wanted(d)]
+            st["skipped"] += len(decoded) - len(events)
             self.index.apply(feed.worker, events, strict=False, seq=seq + 1)
         except EventError as exc:
             self._error(feed, seq, str(exc))
             return
         st["batches"] += 1
         st["events"] += len(events)
-        st["data_parallel_rank"] = batch.data_parallel_rank
-        st["ts"] = batch.ts
+        st["data_parallel_rank"] = rank
+        st["ts"] = ts
 
     def _wanted(self, e):
         if e["type"] == "AllBlocksCleared":
@@ -535,3 +608,75 @@ class KVEventSubscriber:
         if self.medium is not None and e.get("medium") not in (None, self.medium):
             return False
         return self.group_idx is None or e.get("group_idx") in (None, self.group_idx)
+
+
+# ---------------------------------------------------------------- the command
+def parse_worker(text):
+    """``WORKER=PUB[,REPLAY[,TOPIC]]`` as ``(worker, Endpoint)``.
+
+    >>> parse_worker("gpu0=tcp://h:5557,tcp://h:5558")
+    ('gpu0', Endpoint(pub='tcp://h:5557', replay='tcp://h:5558', topic=''))
+    """
+    name, eq, rest = text.partition("=")
+    parts = rest.split(",")
+    if not eq or not name or not 1 <= len(parts) <= 3 or not parts[0]:
+        raise ValueError(f"a worker is WORKER=PUB[,REPLAY[,TOPIC]]; got {text!r}")
+    return name, as_endpoint((parts[0], parts[1] or None if len(parts) > 1 else None,
+                              parts[2] if len(parts) > 2 else ""), name)
+
+
+def main(argv=None):
+    """``python -m radix_soa.integrations.vllm WORKER=PUB[,REPLAY[,TOPIC]]
+    ...``: subscribe to vLLM publishers and print, every ``--interval``
+    seconds, one JSON line of each worker's status, pages and counts (for
+    ``--duration`` seconds, or until interrupted). Bad arguments exit 2
+    with one line."""
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m radix_soa.integrations.vllm",
+                                description="Follow vLLM KV-event publishers into a "
+                                            "RouterIndex and print its state.")
+    p.add_argument("workers", nargs="+", metavar="WORKER=PUB[,REPLAY[,TOPIC]]")
+    p.add_argument("--page-size", type=int, default=16, help="vLLM's block_size (16)")
+    p.add_argument("--event-hash", choices=["sha256_cbor", "fast64"], default="sha256_cbor",
+                   help="the engines' hash: vLLM's sha256_cbor (--prefix-caching-hash-algo "
+                        "sha256_cbor) by default")
+    p.add_argument("--event-hash-seed", default=None,
+                   help="the engines' PYTHONHASHSEED (needed to score queries)")
+    p.add_argument("--interval", type=float, default=5.0)
+    p.add_argument("--duration", type=float, default=None)
+    args = p.parse_args(argv)
+    try:
+        endpoints = dict(parse_worker(w) for w in args.workers)
+        if len(endpoints) != len(args.workers):
+            raise ValueError("a worker is named twice")
+        if not args.interval > 0 or (args.duration is not None and not args.duration >= 0):
+            raise ValueError("--interval must be positive and --duration not negative")
+        ix = RouterIndex(args.page_size, event_hash=args.event_hash,
+                         event_hash_seed=args.event_hash_seed if args.event_hash ==
+                         "sha256_cbor" else None, strict=False)
+        sub = KVEventSubscriber(ix, endpoints)
+    except (TypeError, ValueError, zmq.ZMQError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    end = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        with sub.start():
+            while True:
+                left = args.interval if end is None else min(args.interval,
+                                                             end - time.monotonic())
+                if left > 0:
+                    time.sleep(left)
+                stats = sub.stats()
+                print(json.dumps({str(w): {"status": ix.status(w), "pages": len(ix.blocks_of(w)),
+                                           **s} for w, s in stats.items()}), flush=True)
+                if end is not None and time.monotonic() >= end:
+                    return 0
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -20,18 +20,22 @@ The wire, as vLLM sends it:
   ``(b"", b"", -1, b"")``; before, ``(b"", seq, payload)`` and ``(b"", -1,
   b"")``. Both are read;
 - ``KVEventBatch`` is ``array_like``: ``[ts, events, data_parallel_rank]``
-  (the rank left out when None; vLLM 0.9.0 had ``[ts, events]``). A map
+  (vLLM 0.9.0 had ``[ts, events]``; msgspec writes every field of an
+  ``array_like`` struct, None included). A map
   ``{"ts", "events", "data_parallel_rank"}`` is read too;
 - each event is tagged by its class name. Until vLLM PR #42892 an event was
-  an array, the tag first, its fields in declaration order, trailing fields
-  at their default (None) left out: ``["BlockStored", block_hashes,
+  an array, the tag first, then every field in declaration order:
+  ``["BlockStored", block_hashes,
   parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
   extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window]``,
   ``["BlockRemoved", block_hashes, medium, group_idx]``,
   ``["AllBlocksCleared"]`` (vLLM 0.9.0 stopped at ``lora_id`` and at
-  ``block_hashes``). Since, an event is a map with the tag under ``"type"``
-  and fields at their default left out (``lora_id``, ``medium``,
-  ``lora_name`` have none: always present);
+  ``block_hashes``; shorter arrays are read too). Since, an event is a map
+  with the tag under ``"type"`` and the fields at their default (None) left
+  out (``lora_id``, ``medium``, ``lora_name`` have none: always present);
+  vLLM 0.34.0's ``BlockStored`` adds ``locality``, ``ownership``,
+  ``session_id``, ``lookahead_token_ids``, its ``BlockRemoved``
+  ``locality``, ``ownership``;
 - a block hash is an int (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the
   default: the low 64 bits, big-endian, of the 32-byte hash; before vLLM
   0.10.2 the hash value itself, which Python's ``hash`` made a signed 64-bit
@@ -62,7 +66,8 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                                  event_from_dict)
 
-__all__ = ["WireBatch", "decode_batch", "encode_batch", "encode_event", "WirePublisher",
+__all__ = ["WireBatch", "decode_batch", "decode_events", "encode_batch", "encode_event",
+           "WirePublisher",
            "ENCODINGS", "END_SEQ"]
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -80,8 +85,11 @@ REMOVED_OPTIONAL = ("group_idx", "locality", "ownership")
 _FIELDS = {"BlockStored": (STORED_FIELDS, STORED_OPTIONAL),
            "BlockRemoved": (REMOVED_FIELDS, REMOVED_OPTIONAL),
            "AllBlocksCleared": ((), ())}
-_FIELDS_09 = {"BlockStored": STORED_FIELDS[:5], "BlockRemoved": ("block_hashes",),
-              "AllBlocksCleared": ()}
+# the positions of the array form, as the last vLLM before PR #42892 had them
+_ARRAY = {"BlockStored": STORED_FIELDS + STORED_OPTIONAL[:4],
+          "BlockRemoved": REMOVED_FIELDS + REMOVED_OPTIONAL[:1], "AllBlocksCleared": ()}
+_ARRAY_09 = {"BlockStored": STORED_FIELDS[:5], "BlockRemoved": ("block_hashes",),
+             "AllBlocksCleared": ()}
 _REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
 
 
@@ -115,7 +123,7 @@ def _event(raw, i):
         kind = raw[0]
         if kind not in _FIELDS:
             raise EventError(f"event {i}: unknown event type {kind!r}")
-        names = _FIELDS[kind][0] + _FIELDS[kind][1]
+        names = _ARRAY[kind]
         if not _REQUIRED[kind] <= len(raw) - 1 <= len(names):
             raise EventError(f"event {i}: a {kind} array has {len(raw) - 1} fields; vLLM's "
                              f"has {_REQUIRED[kind]} to {len(names)}")
@@ -133,15 +141,22 @@ def _event(raw, i):
         if kind == "BlockStored" and d.get("parent_block_hash") is not None:
             d["parent_block_hash"] = _hash("parent_block_hash", d["parent_block_hash"])
     try:
-        event_from_dict(d)
+        return d, event_from_dict(d)
     except EventError as exc:
         raise EventError(f"event {i}: {exc}") from None
-    return d
 
 
 def decode_batch(payload):
     """A batch's payload (bytes) as a ``WireBatch``, in either event
     encoding; ``EventError`` says what is malformed."""
+    ts, events, rank = decode_events(payload)
+    return WireBatch(ts, [d for d, _ in events], rank)
+
+
+def decode_events(payload):
+    """``decode_batch`` with each event as ``(dict, event object)``: the
+    object checked, for ``RouterIndex.apply``, the dict with vLLM's
+    further fields."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise EventError(f"a payload is bytes; got {type(payload).__name__}")
     try:
@@ -162,7 +177,7 @@ def decode_batch(payload):
         raise EventError(f"the batch's events must be a list; got {type(events).__name__}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
         raise EventError(f"data_parallel_rank must be an int; got {type(rank).__name__}")
-    return WireBatch(float(ts), [_event(e, i) for i, e in enumerate(events)], rank)
+    return float(ts), [_event(e, i) for i, e in enumerate(events)], rank
 
 
 def _as_dict(event):
@@ -176,51 +191,64 @@ def _as_dict(event):
 def encode_event(event, encoding="map"):
     """``event`` (an event object or dict; vLLM's further fields, such as
     ``group_idx``, taken from a dict) as vLLM encodes it, before msgpack:
-    a dict (``"map"``) or a list (``"array"``, ``"array-0.9"``)."""
+    a dict (``"map"``: the fields at their default, None, left out) or a
+    list of every field (``"array"``, ``"array-0.9"``: msgspec leaves no
+    field out of an ``array_like`` struct)."""
     d = _as_dict(event)
     kind = d.get("type")
     if kind not in _FIELDS:
         raise ValueError(f"unknown event type {kind!r}")
-    if encoding == "array-0.9":
-        return [kind] + [d.get(f) for f in _FIELDS_09[kind]]
-    fields, optional = _FIELDS[kind]
     if encoding == "map":
+        fields, optional = _FIELDS[kind]
         out = {"type": kind}
         out.update((f, d.get(f)) for f in fields)
         out.update((f, d[f]) for f in optional if d.get(f) is not None)
         return out
-    if encoding == "array":
-        tail = [d.get(f) for f in optional]
-        while tail and tail[-1] is None:
-            tail.pop()
-        return [kind] + [d.get(f) for f in fields] + tail
+    if encoding in ("array", "array-0.9"):
+        return [kind] + [d.get(f) for f in (_ARRAY if encoding == "array" else _ARRAY_09)[kind]]
     raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
 
 
+def _pack_event(e, encoding):
+    body = encode_event(e, encoding)
+    kind = body["type"] if isinstance(body, dict) else body[0]
+    if isinstance(body, dict) and 1 + sum(map(len, _FIELDS[kind])) > 15:
+        # msgspec sizes a struct's map header by the fields it may have:
+        # BlockStored's 16 take a map16 even when fewer are written
+        return (b"\xde" + len(body).to_bytes(2, "big")
+                + b"".join(msgpack.packb(k) + msgpack.packb(v, use_bin_type=True)
+                           for k, v in body.items()))
+    return msgpack.packb(body, use_bin_type=True)
+
+
 def encode_batch(events, *, ts=None, data_parallel_rank=0, encoding="map"):
-    """The payload vLLM's publisher sends for ``events``: msgpack of
-    ``[ts, events, data_parallel_rank]`` (``[ts, events]`` for
-    ``"array-0.9"``, and the rank left out when None), ``ts`` now by
-    default."""
+    """The payload vLLM's publisher sends for ``events``, byte for byte:
+    msgpack of ``[ts, events, data_parallel_rank]`` (``[ts, events]`` for
+    ``"array-0.9"``), ``ts`` now by default."""
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
-    body = [encode_event(e, encoding) for e in events]
-    batch = [float(time.time() if ts is None else ts), body]
-    if encoding != "array-0.9" and data_parallel_rank is not None:
-        batch.append(data_parallel_rank)
-    return msgpack.packb(batch, use_bin_type=True)
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_array_header(2 if encoding == "array-0.9" else 3),
+             packer.pack(float(time.time() if ts is None else ts)),
+             packer.pack_array_header(len(events))]
+    parts += [_pack_event(e, encoding) for e in events]
+    if encoding != "array-0.9":
+        parts.append(packer.pack(data_parallel_rank))
+    return b"".join(parts)
 
 
 class WirePublisher:
     """A publisher speaking vLLM's KV-event protocol, as ``ZmqEventPublisher``
-    does: a PUB socket bound at ``endpoint``, a ROUTER at
-    ``replay_endpoint`` (optional) answering replays from the last
-    ``buffer_steps`` batches, ``replay_topic`` (vLLM 0.34.0's replies,
-    the default) or not (earlier ones). ``publish`` sends from the caller's
-    thread; replay requests are served by ``serve_replay`` (call it) or by
-    a thread (``serve=True``, the default). For tests: ``publish(...,
-    send=False)`` numbers and buffers a batch without sending it (a batch
-    lost on the way), ``send_raw`` sends any frames.
+    does: a PUB socket (high-water mark ``hwm``) bound at ``endpoint`` (an
+    XPUB, which is a PUB on the wire and hears subscriptions:
+    ``wait_subscribers``), a ROUTER at ``replay_endpoint`` (optional)
+    answering replays from the last ``buffer_steps`` batches, with
+    ``replay_topic`` (vLLM 0.34.0's replies, the default) or without
+    (earlier ones). ``publish`` sends from the caller's thread; replay
+    requests are served by ``serve_replay`` (call it) or by a thread
+    (``serve=True``, the default). For tests: ``publish(..., send=False)``
+    numbers and buffers a batch without sending it (a batch lost on the
+    way), ``send_raw`` sends any frames, ``restart`` counts from 0 again.
 
     >>> pub = WirePublisher("tcp://127.0.0.1:*")
     >>> pub.endpoint.startswith("tcp://127.0.0.1:")
@@ -231,8 +259,8 @@ class WirePublisher:
     """
 
     def __init__(self, endpoint, replay_endpoint=None, *, topic="", buffer_steps=10_000,
-                 encoding="map", data_parallel_rank=0, replay_topic=True, serve=True,
-                 context=None):
+                 hwm=100_000, encoding="map", data_parallel_rank=0, replay_topic=True,
+                 serve=True, context=None):
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}; got {encoding!r}")
         self._ctx = context or zmq.Context.instance()
@@ -247,6 +275,7 @@ class WirePublisher:
         self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)  # vLLM's hwm
         self.subscriptions = 0
         self.endpoint = self._bind(self._pub, endpoint)
         self._replay = None
@@ -254,6 +283,7 @@ class WirePublisher:
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))  # as vLLM 0.34.0
             self.replay_endpoint = self._bind(self._replay, replay_endpoint)
         self._stop = threading.Event()
         self._thread = None
@@ -297,6 +327,13 @@ class WirePublisher:
             if msg[:1] == b"\x01":
                 self.subscriptions += 1
         return True
+
+    def restart(self):
+        """Count from 0 again with an empty buffer, as the publisher of a
+        restarted engine does (on the same sockets)."""
+        with self._lock:
+            self.seq = 0
+            self.buffer.clear()
 
     def send_raw(self, frames):
         """Send ``frames`` as one multipart message on the PUB socket."""
