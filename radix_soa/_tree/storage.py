@@ -212,7 +212,7 @@ class TreeStorage:
           can tell that the arrays it read from were replaced;
         - ``arrays``: the same arrays as the plain tuple the mutating kernels
           take (the kernels' ``T``);
-        - ``exists_args``: ``(tokens, start, length, term, table)``, what the
+        - ``exists_args``: ``(tokens, start, length, parent, term, table)``, what the
           batch ``exists`` reads; ``match_args``: the same without ``term``,
           what the batch ``match`` reads;
         - ``directory``: the directory of every array the per-call entry
@@ -225,8 +225,9 @@ class TreeStorage:
         views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
         views["tree"] = tree
         views["arrays"] = tuple(tree)
-        views["exists_args"] = (tree.tokens, tree.start, tree.length, tree.term, tree.table)
-        views["match_args"] = (tree.tokens, tree.start, tree.length, tree.table)
+        views["exists_args"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term,
+                               tree.table)
+        views["match_args"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.table)
         views["directory"] = (directory_kernels.directory_of(tree) if USE_DIRECTORY
                               else views["arrays"])
         views["like"] = tree.tokens[:0]
