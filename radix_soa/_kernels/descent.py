@@ -123,8 +123,9 @@ def match_at(D, like, root, q, page):
 # round computes every walking query's next table slot and prefetches it,
 # then scans each slot's probe run for the key's tag (the table alone) and
 # prefetches the candidate's span and parent, then its first tokens, and
-# only then compares, so the cache misses of a group's queries overlap instead of following one another (on a tree past
-# the last-level cache a lone descent is a chain of dependent misses). The
+# only then compares, so the cache misses of a group's queries overlap
+# instead of following one another (on a tree past the last-level cache a
+# lone descent is a chain of dependent misses). The
 # answers are those of exists_one/match_one query by query. The serial
 # flavour releases the GIL (batch reads from several Python threads run at
 # once); the ``parallel=True`` (prange) one, over chunks of CHUNK queries,
