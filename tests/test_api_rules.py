@@ -97,7 +97,7 @@ def _as_version_1(path):
     meta = meta[:16].copy()
     meta[13:] = 0
     table = np.load(path / "table.npy")
-    table = np.where(table >= 0, table & 0xFFFFFFFF, -1).astype(np.int32)
+    table = np.where(table != -1, table & 0xFFFFFFFF, -1).astype(np.int32)
     from radix_soa._tree.persist import _crc
     for name, arr in (("meta", meta), ("start", start), ("table", table)):
         np.save(path / f"{name}.npy", arr)

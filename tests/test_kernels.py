@@ -54,7 +54,7 @@ def test_match_and_exists_at_block_boundaries(n):
     assert rc.exists(seq)
 
 
-# the children's parent: a node id past theirs, so entries carry nonzero parent bits
+# the children's parent: a node id past theirs
 PARENT_ID = 7
 
 
@@ -87,33 +87,63 @@ def _table_with_wrapping_run(size=16, count=6):
     return table, buf, start, parent, ids
 
 
-def _reachable(table, buf, start, ids):
+def _reachable(table, buf, start, parent, ids):
     for c in ids:
-        if KT.find_child(table, buf, start, PARENT_ID, buf, int(start[c]), 1) != c:
+        if KT.find_child(table, buf, start, parent, PARENT_ID, buf, int(start[c]), 1) != c:
             return False
     return True
 
 
-def test_a_table_entry_is_the_parent_above_the_node_id():
+def _tag(p, token):
+    """The high 32 bits of key ``(p, token)``'s hash, computed here from
+    splitmix64's definition (not the kernels')."""
+    m = (1 << 64) - 1
+
+    def mix(x):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & m
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+
+    return mix(mix((p + 0x9E3779B97F4A7C15) & m) ^ (token & m)) >> 32
+
+
+def test_a_table_entry_is_its_keys_tag_above_the_node_id():
     table, buf, start, parent, ids = _table_with_wrapping_run()
-    entries = table[table >= 0]
-    assert sorted(int(e) >> 32 for e in entries) == [PARENT_ID] * len(ids)
+    entries = table[table != -1]
     assert sorted(_node(e) for e in entries) == ids.tolist()
+    for e in entries:
+        c = _node(e)
+        assert (int(e) >> 32) & 0xFFFFFFFF == _tag(PARENT_ID, int(buf[start[c]]))
     # another parent's child with the same first token is not a match
-    assert KT.find_child(table, buf, start, PARENT_ID + 1, buf, int(start[1]), 1) == -1
+    assert KT.find_child(table, buf, start, parent, PARENT_ID + 1, buf, int(start[1]), 1) == -1
 
 
-def test_an_empty_slot_names_no_child_even_of_a_roots_parent():
-    # an empty slot's parent bits read as -1, a root's parent: still no child
-    assert KT.child_named(-1, -1) == -1 and KT.child_named(-1, 0) == -1
-    assert KT.child_named(KT.entry_of(3, 9), 3) == 9 and KT.child_named(KT.entry_of(3, 9), 4) == -1
+def test_a_tag_match_is_confirmed_by_the_node():
+    # an entry carrying the probe's tag names a candidate only: a node under
+    # another parent, or with another first token, is passed over
+    table, buf, start, parent, ids = _table_with_wrapping_run()
+    c = int(ids[2])
+    i = KT.table_slot(table, buf, start, parent, c, 1)
+    tag = int(table[i]) & ~0xFFFFFFFF
+    assert KT.child_tagged(table[i], tag) == c and KT.child_tagged(-1, tag) == -1
+    assert KT.child_tagged(table[i], tag ^ (1 << 40)) == -1
+    other = parent.copy()
+    other[c] = PARENT_ID + 1
+    assert KT.probe_on(table, buf, start, other, i, table[i], PARENT_ID, tag, buf,
+                       int(start[c]), 1) == -1
+    assert KT.probe_on(table, buf, start, parent, i, table[i], PARENT_ID, tag, buf,
+                       int(start[c]), 1) == c
+    assert KT.retarget(table[i], 99) & 0xFFFFFFFF == 99 and \
+        KT.retarget(table[i], 99) >> 32 == int(table[i]) >> 32
 
 
 def test_a_probe_run_that_wraps_around_the_table():
     table, buf, start, parent, ids = _table_with_wrapping_run()
-    filled = np.flatnonzero(table >= 0).tolist()
+    filled = np.flatnonzero(table != -1).tolist()
     assert 0 in filled and 15 in filled  # the run wraps
-    assert _reachable(table, buf, start, ids)
+    assert _reachable(table, buf, start, parent, ids)
 
 
 @pytest.mark.parametrize("victim", range(6))
@@ -121,18 +151,18 @@ def test_backward_shift_delete_across_the_wrap(victim):
     table, buf, start, parent, ids = _table_with_wrapping_run()
     c = int(ids[victim])
     slot = KT.table_slot(table, buf, start, parent, c, 1)
-    KT.table_delete_slot(table, buf, start, slot, 1)
+    KT.table_delete_slot(table, buf, start, parent, slot, 1)
     rest = [int(x) for x in ids if x != c]
-    assert sorted(_node(e) for e in table[table >= 0]) == rest
-    assert _reachable(table, buf, start, rest)
-    assert KT.find_child(table, buf, start, PARENT_ID, buf, int(start[c]), 1) == -1
+    assert sorted(_node(e) for e in table[table != -1]) == rest
+    assert _reachable(table, buf, start, parent, rest)
+    assert KT.find_child(table, buf, start, parent, PARENT_ID, buf, int(start[c]), 1) == -1
     # no hole between any entry's home slot and its slot (cyclically)
     size = table.shape[0]
-    for i in np.flatnonzero(table >= 0):
+    for i in np.flatnonzero(table != -1):
         home = _home(table, buf, int(start[_node(table[i])]))
         j = home
         while j != i:
-            assert table[j] >= 0
+            assert table[j] != -1
             j = (j + 1) % size
 
 

@@ -279,7 +279,7 @@ def test_check_invariants_detects_unreachable_table_entry():
     for i in range(10):
         rc.insert([i, i + 1])
     table = rc._s.table
-    filled = np.flatnonzero(table >= 0)
+    filled = np.flatnonzero(table != -1)
     table[filled[0]], table[filled[0] - 3] = -1, table[filled[0]]
     with pytest.raises(AssertionError):
         rc.check_invariants()
@@ -305,3 +305,51 @@ def test_matches_naive_model_on_small_alphabet():
                                                            model.num_tokens)
     rc.check_invariants()
     assert [tuple(s.tolist()) for s in rc] == model.sorted()
+
+
+# ---------------------------------------------------------------- tag collisions
+
+def _splitmix_key_hash(p, token):
+    """The child key hash of ``(p, token)`` from splitmix64's definition,
+    in Python integers (not the kernels')."""
+    m = (1 << 64) - 1
+
+    def mix(x):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & m
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+
+    return mix(mix((p + 0x9E3779B97F4A7C15) & m) ^ (token & m))
+
+
+# first tokens whose keys under root 0 share the table tag (the hash's high 32
+# bits) and its low 6 bits, so in a table of at most 64 slots they also share
+# a home: each is the other's false candidate (found by a search over 2*10^6)
+COLLIDING = [(1220149, 1372781), (713934, 1084941)]
+
+
+@pytest.mark.parametrize("a, b", COLLIDING)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_keys_sharing_a_tag_and_a_home_are_told_apart(a, b, parallel):
+    ha, hb = _splitmix_key_hash(0, a), _splitmix_key_hash(0, b)
+    assert ha >> 32 == hb >> 32 and ha & 63 == hb & 63 and a != b
+    rc = RadixCache()
+    assert rc._s.root == 0
+    rc.insert([a, 5, 6])
+    assert rc._s.table.shape[0] <= 64
+    queries = [[b, 5, 6], [b], [a, 5, 6], [a, 5], [b, 5, 6, 7]]
+    assert rc.exists_batch(queries, parallel=parallel).tolist() == [False, False, True, False, False]
+    assert [rc.exists(q) for q in queries] == [False, False, True, False, False]
+    assert rc.match_length_batch(queries, parallel=parallel).tolist() == [0, 0, 3, 2, 0]
+    assert [rc.match_length(q) for q in queries] == [0, 0, 3, 2, 0]
+    assert rc.insert([b, 5, 6])
+    assert rc.exists_batch(queries, parallel=parallel).tolist() == [True, False, True, False, False]
+    assert rc.match_length_batch(queries, parallel=parallel).tolist() == [3, 1, 3, 2, 3]
+    rc.check_invariants()
+    rc.remove([a, 5, 6])
+    assert len(rc) == 1
+    assert rc.exists_batch(queries, parallel=parallel).tolist() == [True, False, False, False, False]
+    assert [rc.match_length(q) for q in queries] == [3, 1, 0, 0, 3]
+    rc.check_invariants()

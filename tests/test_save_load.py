@@ -215,8 +215,8 @@ DAMAGE = {
     "live leaf of length 0": ("length", None),
     "start 2^40": ("start", lambda a: np.where(np.arange(len(a)) == 1, 2**40, a)),
     "no empty table slot": ("table", lambda a: np.where(a == -1, 1, a).astype(a.dtype)),
-    "table entry out of range": ("table", lambda a: np.where(a >= 0, a + 10**6, a).astype(a.dtype)),
-    "table entry under another parent": ("table", lambda a: np.where(a >= 0, a + (1 << 32), a)),
+    "table entry out of range": ("table", lambda a: np.where(a != -1, a + 10**6, a).astype(a.dtype)),
+    "table entry with another key's tag": ("table", lambda a: np.where(a != -1, a ^ (1 << 40), a)),
 }
 
 
@@ -245,24 +245,45 @@ def test_arrays_damaged_past_their_checksums_are_refused(tmp_path, what, mmap):
 
 def _as_format_2(path):
     """Rewrite a saved tree as format version 2 wrote it: the child table as
-    int32 node ids, without the parents this version's entries carry."""
-    edit_array(path, "table", lambda a: np.where(a >= 0, a & 0xFFFFFFFF, -1).astype(np.int32))
+    int32 node ids, without the tags this version's entries carry."""
+    edit_array(path, "table", lambda a: np.where(a != -1, a & 0xFFFFFFFF, -1).astype(np.int32))
     header = read_header(path)
     header["version"] = 2
+    write_header(path, header)
+
+
+def _as_format_3(path):
+    """Rewrite a saved tree as format version 3 wrote it: int64 entries
+    ``parent << 32 | id`` in the same slots."""
+    parent = np.load(path / "parent.npy").astype(np.int64)
+
+    def entries(a):
+        filled = a != -1
+        ids = a[filled] & 0xFFFFFFFF
+        out = np.full(a.shape[0], -1, np.int64)
+        out[filled] = (parent[ids] << 32) | ids
+        return out
+
+    edit_array(path, "table", entries)
+    header = read_header(path)
+    header["version"] = 3
     write_header(path, header)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cls, make", [(RadixCache, small_tree), (PrefixCache, small_cache)])
 @pytest.mark.parametrize("mmap", [False, True])
-def test_a_format_2_save_loads_with_its_table_entries_rebuilt(tmp_path, cls, make, mmap):
+@pytest.mark.parametrize("old", [_as_format_2, _as_format_3])
+def test_an_older_save_loads_with_its_table_entries_tagged(tmp_path, cls, make, mmap, old):
     tree = make()
     tree.save(tmp_path / "t")
-    _as_format_2(tmp_path / "t")
-    assert np.load(tmp_path / "t" / "table.npy").dtype == np.int32
+    old(tmp_path / "t")
+    saved = np.load(tmp_path / "t" / "table.npy")
+    assert saved.dtype == (np.int32 if old is _as_format_2 else np.int64)
+    assert not np.array_equal(saved, tree._s.table)
     loaded = cls.load(tmp_path / "t", mmap=mmap)
     assert loaded._s.table.dtype == np.int64
-    assert np.array_equal(loaded._s.table, tree._s.table)  # the same entries, parents and all
+    assert np.array_equal(loaded._s.table, tree._s.table)  # the same entries, tags and all
     loaded.check_invariants()
     queries = [[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 9, 9], [1, 2, 3, 4], [1, 2, 7], [9, 9]]
     if cls is RadixCache:
@@ -287,18 +308,31 @@ def test_a_damaged_format_2_table_is_refused(tmp_path, change, message):
         RadixCache.load(tmp_path / "t")
 
 
-def test_a_format_3_save_with_an_int32_table_is_refused(tmp_path):
+def test_a_format_4_save_with_an_int32_table_is_refused(tmp_path):
     small_tree().save(tmp_path / "t")
-    edit_array(tmp_path / "t", "table", lambda a: np.where(a >= 0, a & 0xFFFFFFFF, -1)
+    edit_array(tmp_path / "t", "table", lambda a: np.where(a != -1, a & 0xFFFFFFFF, -1)
                .astype(np.int32))
     with pytest.raises(TreeFormatError, match="int64"):
         RadixCache.load(tmp_path / "t")
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda a: np.where(a != -1, a + (1 << 32), a), "parent"),      # parent bits not the node's
+    (lambda a: np.where(a != -1, a + 10**6, a), "not a node id"),  # an id past the nodes
+    (lambda a: a.astype(np.int32), "int64"),                       # a format 2 table
+])
+def test_a_damaged_format_3_table_is_refused(tmp_path, change, message):
+    small_tree().save(tmp_path / "t")
+    _as_format_3(tmp_path / "t")
+    edit_array(tmp_path / "t", "table", change)
+    with pytest.raises(TreeFormatError, match=message):
+        RadixCache.load(tmp_path / "t")
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_parents_that_form_a_cycle_are_refused(tmp_path, mmap):
-    # two leaves made each other's parent, their table entries agreeing: every
-    # entry, count and span checks out, but a walk up from either never ends
+    # two leaves made each other's parent: every count and span checks out,
+    # but a walk up from either never ends
     small_tree().save(tmp_path / "t")
     length = np.load(tmp_path / "t" / "length.npy")
     nchild = np.load(tmp_path / "t" / "nchild.npy")
@@ -306,10 +340,6 @@ def test_parents_that_form_a_cycle_are_refused(tmp_path, mmap):
     edit_array(tmp_path / "t", "parent",
                lambda a: np.where(np.arange(len(a)) == x, y, np.where(np.arange(len(a)) == y, x, a))
                .astype(a.dtype))
-    owner = {x: y, y: x}
-    edit_array(tmp_path / "t", "table", lambda a: np.array(
-        [(owner[int(e) & 0xFFFFFFFF] << 32 | int(e) & 0xFFFFFFFF)
-         if e >= 0 and int(e) & 0xFFFFFFFF in owner else int(e) for e in a], np.int64))
     with pytest.raises(TreeFormatError, match="reach a root"):
         RadixCache.load(tmp_path / "t", mmap=mmap)
 

@@ -17,7 +17,8 @@ Modules, bottom up (a module calls only those above it in this list)::
     scan        count_zero_one (input checks)
     text        skip_space -> int_list (a JSON array of integers: the router service's tokens)
     layout      Tree fields and index constants, meta slots, load limit, statuses
-    table       mix64, key_hash, entry_of, child_named -> find_child, table_put, table_slot,
+    table       mix64, key_hash, tag_of -> entry_of, retarget, child_tagged, is_child,
+                tag_scan -> probe_on -> find_child; node_hash -> table_put, table_slot,
                 table_delete_slot, table_rebuild; term bitmap; has_room, need_room
     heap        heap_less -> sift_up/sift_down -> heap_push, heap_remove, heap_top (a stale
                 top moved down first), rekey -> touch, touch_insert

@@ -22,7 +22,7 @@ import numpy as np
 from .config import kernel, kernel_nogil
 from .descent import match_one
 from .directory import tree_at
-from .layout import DONE, LENGTH, META, M_CLOCK, M_TOKENS, START, TABLE, TOKENS
+from .layout import DONE, LENGTH, META, M_CLOCK, M_TOKENS, PARENT, START, TABLE, TOKENS
 from .mutation import extend
 from .prefix import path_unlocked, pc_evict, pc_lock, pc_match, room_needed
 from .table import has_room, mix64, need_room
@@ -214,7 +214,7 @@ def cache_aware_pick(R, like, roots, i, flat, qs, qn, wstate, nw, abs_thr, rel_t
     best_len = -1
     for w in range(nw):
         T = tree_at(R[w], like)
-        L = match_one(T[TOKENS], T[START], T[LENGTH], T[TABLE], roots[i], flat, qs,
+        L = match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], roots[i], flat, qs,
                       qn, 1)
         if L > best_len:
             best = w
@@ -240,7 +240,7 @@ def kv_overlap_pick(W, like, roots, i, flat, qs, qn, page, inputs, outputs, wsta
     for k in range(nw):
         w = (start + k) % nw
         T = tree_at(W[w], like)
-        ov = match_one(T[TOKENS], T[START], T[LENGTH], T[TABLE], roots[i], flat, qs,
+        ov = match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], roots[i], flat, qs,
                        qn, page)
         prefill = wstate[w, W_QUEUED] + inputs[i] - min(ov * block, inputs[i])
         cost = weight * (prefill / tpb) + (wstate[w, W_ACTIVE] + mine)

@@ -2,8 +2,9 @@
 and ``match`` for one query and for a CSR batch (serial and ``prange``).
 
 Read-only kernels take the few arrays they read as arguments: ``tokens`` (the buffer), ``start`` int64,
-``length`` int32, ``term`` uint8 bitmap, ``table`` int64 (its entries hold
-each child's parent, so a descent never reads ``parent``).
+``length`` int32, ``parent`` int32, ``term`` uint8 bitmap, ``table`` int64
+(its entries carry their key's tag, so a probe passes over other keys'
+entries reading the table alone; ``parent`` confirms a candidate).
 Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
 The single-query entries ``exists_at``/``match_at`` take the directory ``D``
@@ -15,9 +16,10 @@ from numba import prange
 
 from .config import kernel, kernel_parallel, kernel_scratch
 from .directory import tree_at
-from .layout import LENGTH, NO_NODE, START, TABLE, TERM, TOKENS
+from .layout import EMPTY, ENTRY_NODE_MASK, LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
 from .prefetch import prefetch
-from .table import child_named, find_child, home_slot, key_hash, probe_on, term_get
+from .table import (child_tagged, find_child, home_slot, key_hash, probe_on, tag_of, tag_scan,
+                    term_get)
 
 
 @kernel
@@ -62,7 +64,7 @@ def span_match(tokens, start, length, c, q, at, rest, page):
 
 
 @kernel
-def descend(tokens, start, length, table, root, q, qs, qn, page):
+def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Walk from ``root`` along ``q[qs:qs+qn]``.
 
     Returns ``(v, c, k, pos)``: ``v`` is the deepest node matched in full and
@@ -73,7 +75,7 @@ def descend(tokens, start, length, table, root, q, qs, qn, page):
     v = root
     pos = 0
     while qn - pos >= page:
-        c = find_child(table, tokens, start, v, q, qs + pos, page)
+        c = find_child(table, tokens, start, parent, v, q, qs + pos, page)
         if c == NO_NODE:
             return v, NO_NODE, 0, pos
         L, k = span_match(tokens, start, length, c, q, qs + pos, qn - pos, page)
@@ -86,18 +88,18 @@ def descend(tokens, start, length, table, root, q, qs, qn, page):
 
 
 @kernel
-def exists_one(tokens, start, length, term, table, root, q, qs, qn):
+def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     """True if ``q[qs:qs+qn]`` ends exactly at a terminal node."""
     if qn == 0:
         return False
-    v, c, k, pos = descend(tokens, start, length, table, root, q, qs, qn, 1)
+    v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, 1)
     return c == NO_NODE and pos == qn and term_get(term, v) == 1
 
 
 @kernel
-def match_one(tokens, start, length, table, root, q, qs, qn, page):
+def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Tokens of ``q[qs:qs+qn]`` present as a path (whole pages)."""
-    v, c, k, pos = descend(tokens, start, length, table, root, q, qs, qn, page)
+    v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, page)
     return pos + k
 
 
@@ -105,7 +107,7 @@ def match_one(tokens, start, length, table, root, q, qs, qn, page):
 def exists_at(D, like, root, q):
     """``exists_one`` of all of ``q`` on the tree at directory ``D``."""
     T = tree_at(D, like)
-    return exists_one(T[TOKENS], T[START], T[LENGTH], T[TERM], T[TABLE], root, q, 0,
+    return exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q, 0,
                       q.shape[0])
 
 
@@ -113,16 +115,17 @@ def exists_at(D, like, root, q):
 def match_at(D, like, root, q, page):
     """``match_one`` of all of ``q`` on the tree at directory ``D``."""
     T = tree_at(D, like)
-    return match_one(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, 0,
+    return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
                      q.shape[0], page)
 
 
 # Read-only batch loops walk GROUP queries at a time (``descend_lanes``): each
 # round computes every walking query's next table slot and prefetches it,
-# then reads the slots' entries and prefetches the span of the child each
-# names (if a child of the walking node), then their first tokens, and only then compares, so the cache misses of a
-# group's queries overlap instead of following one another (on a tree past
-# the last-level cache a lone descent is a chain of dependent misses). The
+# then scans each slot's probe run for the key's tag (the table alone) and
+# prefetches the candidate's span and parent, then its first tokens, and
+# only then compares, so the cache misses of a group's queries overlap
+# instead of following one another (on a tree past the last-level cache a
+# lone descent is a chain of dependent misses). The
 # answers are those of exists_one/match_one query by query. The serial
 # flavour releases the GIL (batch reads from several Python threads run at
 # once); the ``parallel=True`` (prange) one, over chunks of CHUNK queries,
@@ -135,24 +138,27 @@ CHUNK = 4096
 
 @kernel
 def fetch_slot(table, v, q, at, page):
-    """Round 1 of a lane's step: the home slot of ``v``'s child keyed by
-    ``q[at:at+page]``, prefetched."""
-    h = home_slot(table, key_hash(v, q, at, page))
-    prefetch(table, h)
-    return h
+    """Round 1 of a lane's step: ``(slot, tag)`` of ``v``'s child keyed by
+    ``q[at:at+page]``, the home slot prefetched."""
+    h = key_hash(v, q, at, page)
+    i = home_slot(table, h)
+    prefetch(table, i)
+    return i, tag_of(h)
 
 
 @kernel
-def fetch_entry(table, start, length, p, slot):
-    """Round 2: the entry at ``slot`` (returned) and, if it names a child of
-    ``p``, that node's span prefetched (an empty slot or another parent's
-    child: the probe goes on in the table, reading no node)."""
-    e = table[slot]
-    c = child_named(e, p)
-    if c != NO_NODE:
+def fetch_entry(table, start, length, parent, slot, tag):
+    """Round 2: ``(slot, entry)`` of the first entry from ``slot`` on
+    carrying ``tag`` (or of the empty slot ending the run: the table alone
+    answers a miss), and that candidate's span and parent prefetched."""
+    i = tag_scan(table, slot, table[slot], tag)
+    e = table[i]
+    if e != EMPTY:
+        c = e & ENTRY_NODE_MASK
         prefetch(start, c)
         prefetch(length, c)
-    return e
+        prefetch(parent, c)
+    return i, e
 
 
 @kernel
@@ -202,7 +208,7 @@ def refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, 
 
 
 @kernel_scratch
-def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, hi, page,
+def descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, lo, hi, page,
                   exists, out_b, out_i):
     """Answer queries ``lo..hi`` of a CSR batch: ``exists`` (into ``out_b``)
     or ``match`` with ``page`` (into ``out_i``), GROUP queries interleaved."""
@@ -213,6 +219,7 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
     pos = np.empty(GROUP, np.int64)
     slot = np.empty(GROUP, np.int64)
     entry = np.empty(GROUP, np.int64)
+    tag = np.empty(GROUP, np.int64)
     nxt = lo
     live = 0
     for g in range(GROUP):
@@ -223,12 +230,12 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
     while live > 0:
         for g in range(GROUP):
             if lane[g] >= 0:
-                slot[g] = fetch_slot(table, v[g], flat, qs[g] + pos[g], page)
+                slot[g], tag[g] = fetch_slot(table, v[g], flat, qs[g] + pos[g], page)
         for g in range(GROUP):
             if lane[g] >= 0:
-                entry[g] = fetch_entry(table, start, length, v[g], slot[g])
+                slot[g], entry[g] = fetch_entry(table, start, length, parent, slot[g], tag[g])
         for g in range(GROUP):
-            c = child_named(entry[g], v[g])
+            c = child_tagged(entry[g], tag[g])
             if lane[g] >= 0 and c != NO_NODE:
                 rest = qn[g] - pos[g]
                 fetch_span(tokens, start, length, c, rest)
@@ -239,7 +246,8 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
                 continue
             p = v[g]
             at = qs[g] + pos[g]
-            c = probe_on(table, tokens, start, slot[g], entry[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, parent, slot[g], entry[g], p, tag[g], flat, at,
+                         page)
             done = True
             if c == NO_NODE:
                 settle(exists, term, out_b, out_i, lane[g], qn[g], p, NO_NODE, 0, pos[g])
@@ -262,11 +270,11 @@ def descend_lanes(tokens, start, length, term, table, root, flat, offsets, lo, h
 
 
 @kernel
-def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page, rv, rc,
-                  rk, rpos, walk, slot, entry):
+def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo, m, page, rv,
+                  rc, rk, rpos, walk, slot, entry, tag):
     """``descend`` of queries ``lo .. lo+m-1`` of a CSR batch (``m <= GROUP``),
     interleaved as in ``descend_lanes``: query ``lo+g``'s ``(v, c, k, pos)``
-    goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``entry``:
+    goes to ``rv[g], rc[g], rk[g], rpos[g]``. ``walk``, ``slot``, ``entry``, ``tag``:
     scratch of ``GROUP`` (int64). For a batch insert, which reads its
     group's descents first and then changes the tree item by item."""
     live = 0
@@ -282,12 +290,12 @@ def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page
     while live > 0:
         for g in range(m):
             if walk[g]:
-                slot[g] = fetch_slot(table, rv[g], flat, offsets[lo + g] + rpos[g], page)
+                slot[g], tag[g] = fetch_slot(table, rv[g], flat, offsets[lo + g] + rpos[g], page)
         for g in range(m):
             if walk[g]:
-                entry[g] = fetch_entry(table, start, length, rv[g], slot[g])
+                slot[g], entry[g] = fetch_entry(table, start, length, parent, slot[g], tag[g])
         for g in range(m):
-            c = child_named(entry[g], rv[g])
+            c = child_tagged(entry[g], tag[g])
             if walk[g] and c != NO_NODE:
                 fetch_span(tokens, start, length, c,
                            offsets[lo + g + 1] - offsets[lo + g] - rpos[g])
@@ -298,7 +306,8 @@ def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page
             qs = offsets[lo + g]
             qn = offsets[lo + g + 1] - qs
             at = qs + rpos[g]
-            c = probe_on(table, tokens, start, slot[g], entry[g], p, flat, at, page)
+            c = probe_on(table, tokens, start, parent, slot[g], entry[g], p, tag[g], flat, at,
+                         page)
             if c == NO_NODE:
                 walk[g] = 0
             else:
@@ -317,35 +326,35 @@ def descend_group(tokens, start, length, table, root, flat, offsets, lo, m, page
 
 
 @kernel_scratch
-def exists_batch(tokens, start, length, term, table, root, flat, offsets, out):
+def exists_batch(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``out[i] = exists_one(sequence i)`` for a CSR batch (``flat`` int64,
     ``offsets`` int64 of n + 1; ``out`` bool of n, caller-allocated)."""
-    descend_lanes(tokens, start, length, term, table, root, flat, offsets, 0,
+    descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, 0,
                   offsets.shape[0] - 1, 1, True, out, np.empty(0, np.int64))
 
 
 @kernel_parallel
-def exists_batch_parallel(tokens, start, length, term, table, root, flat, offsets, out):
+def exists_batch_parallel(tokens, start, length, parent, term, table, root, flat, offsets, out):
     """``exists_batch`` on Numba's threads."""
     n = offsets.shape[0] - 1
     for t in prange((n + CHUNK - 1) // CHUNK):
-        descend_lanes(tokens, start, length, term, table, root, flat, offsets,
+        descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets,
                       t * CHUNK, min(n, (t + 1) * CHUNK), 1, True, out, np.empty(0, np.int64))
 
 
 @kernel_scratch
-def match_batch(tokens, start, length, table, root, flat, offsets, page, out):
+def match_batch(tokens, start, length, parent, table, root, flat, offsets, page, out):
     """``out[i] = match_one(sequence i)`` for a CSR batch (``out`` int64 of n,
     caller-allocated)."""
-    descend_lanes(tokens, start, length, np.empty(0, np.uint8), table, root, flat,
+    descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
                   offsets, 0, offsets.shape[0] - 1, page, False, np.empty(0, np.bool_), out)
 
 
 @kernel_parallel
-def match_batch_parallel(tokens, start, length, table, root, flat, offsets, page, out):
+def match_batch_parallel(tokens, start, length, parent, table, root, flat, offsets, page, out):
     """``match_batch`` on Numba's threads."""
     n = offsets.shape[0] - 1
     for t in prange((n + CHUNK - 1) // CHUNK):
-        descend_lanes(tokens, start, length, np.empty(0, np.uint8), table, root, flat,
+        descend_lanes(tokens, start, length, parent, np.empty(0, np.uint8), table, root, flat,
                       offsets, t * CHUNK, min(n, (t + 1) * CHUNK), page, False,
                       np.empty(0, np.bool_), out)

@@ -15,7 +15,7 @@ from .table import find_child, term_get
 
 
 @kernel
-def ids_one(tokens, start, length, term, table, root, q, qs, qn):
+def ids_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     """``(exact, prefix)`` of ``q[qs:qs+qn]``: the id of the stored sequence
     equal to it, and of the longest stored sequence that is a prefix of it
     (-1 when there is none)."""
@@ -23,7 +23,7 @@ def ids_one(tokens, start, length, term, table, root, q, qs, qn):
     pos = 0
     prefix = -1
     while pos < qn:
-        c = find_child(table, tokens, start, v, q, qs + pos, 1)
+        c = find_child(table, tokens, start, parent, v, q, qs + pos, 1)
         if c == NO_NODE:
             break
         L = length[c]
@@ -38,11 +38,12 @@ def ids_one(tokens, start, length, term, table, root, q, qs, qn):
 
 
 @kernel_nogil
-def ids_batch(tokens, start, length, term, table, root, flat, offsets, exact, prefix):
+def ids_batch(tokens, start, length, parent, term, table, root, flat, offsets, exact,
+              prefix):
     """``ids_one`` of every sequence of a CSR batch into ``exact`` and
     ``prefix`` (int64, caller-allocated)."""
     for i in range(offsets.shape[0] - 1):
-        exact[i], prefix[i] = ids_one(tokens, start, length, term, table, root,
+        exact[i], prefix[i] = ids_one(tokens, start, length, parent, term, table, root,
                                       flat, offsets[i], offsets[i + 1] - offsets[i])
 
 

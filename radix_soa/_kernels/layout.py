@@ -21,7 +21,8 @@ nchild     int32   number of children
 cxor       int32   XOR of the children's ids (the only child when nchild == 1)
 term       uint8   terminal bitmap, one bit per node
 table      int64   child hash table keyed by (parent, first page): entries
-                   ``parent << 32 | id``; -1 empty
+                   ``tag << 32 | id``, the tag the key hash's high 32 bits;
+                   -1 empty
 lock       int32   locks on the node's subtree (prefix cache; else empty)
 stamp      int64   eviction key: the policy's score, lowest first (prefix cache)
 hpos       int32   position in the eviction heap, or -1 (prefix cache)
@@ -88,8 +89,9 @@ STAT_SLOTS = {"lookups": M_LOOKUPS, "query_tokens": M_QUERY_TOKENS, "hit_tokens"
 
 FREE = -1           # length of a free node
 NO_NODE = -1
-EMPTY = -1          # an empty child-table slot (a filled one is >= 0)
-ENTRY_NODE_MASK = (1 << 32) - 1  # the node id bits of a table entry (its parent above)
+EMPTY = -1          # an empty child-table slot (no entry is -1: node ids are < 2^31)
+ENTRY_NODE_MASK = (1 << 32) - 1  # the node id bits of a table entry (its tag above)
+ENTRY_TAG_MASK = -(1 << 32)      # the tag bits (int64): the key hash's high 32 bits
 
 # the child table is kept at or under this load (LOAD_NUM / LOAD_DEN)
 LOAD_NUM = 7

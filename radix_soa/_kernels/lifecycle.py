@@ -57,7 +57,7 @@ def begin_at(T, root, known, q, page, out, count, capacity, reserve, evict_out, 
     if known:
         if not has_room(T, 0, 1):
             return need_room(T, 0, 1)
-        v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, 0,
+        v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
                                qn - qn % page, page)
         length = pos + k
         end = c if c != NO_NODE else v
@@ -135,7 +135,7 @@ def _top_lock(T, root, q, n, page, st):
         return T[LOCK][path_top(parent, st[R_NODE])]
     if root < 0 or n == 0:
         return 0
-    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, 0, page,
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0, page,
                            page)
     top = v if v != root else c
     return T[LOCK][top] if top != NO_NODE else 0

@@ -69,7 +69,7 @@ def _top_lock_of(T, root, q, page):
     """The lock count at the top of the path ``q``'s first page takes."""
     if q.shape[0] < page:
         return 0
-    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, 0, page, page)
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0, page, page)
     top = v if v != root else c
     return T[LOCK][top] if top != NO_NODE else 0
 

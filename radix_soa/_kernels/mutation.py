@@ -18,7 +18,7 @@ from .layout import (CXOR, DONE, FREE, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, META
                      M_FREE_COUNT, M_FREE_HEAD, M_NODES, M_NODE_END, M_ROOTS, M_TERMINALS,
                      M_TOKENS, M_TOKENS_INSERTED, M_TOK_USED, NCHILD, NO_NODE, OWN, PARENT,
                      STAMP, START, TABLE, TERM, TOKENS, VALUES)
-from .table import (entry_of, has_room, need_room, table_delete_slot, table_put, table_slot,
+from .table import (retarget, has_room, need_room, table_delete_slot, table_put, table_slot,
                     term_clear, term_get, term_set)
 
 
@@ -112,7 +112,7 @@ def split(T, c, k, page, track):
     cxor[u] = c
     term_clear(T[TERM], u)
     cxor[pp] ^= c ^ u
-    table[slot] = entry_of(pp, u)  # same key: same parent, same first page
+    table[slot] = retarget(table[slot], u)  # same key: same parent, same first page
     start[c] = s + k
     length[c] -= k
     parent[c] = u
@@ -188,7 +188,7 @@ def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     """Insert ``q[qs:qs+qn]`` (``qn`` a multiple of ``page``); needs room for
     ``qn`` tokens and 2 nodes. Returns ``(node, cached)``: the node the
     sequence ends at and how many leading tokens were already stored."""
-    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, qs, qn,
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, qn,
                            page)
     node = extend(T, root, v, c, k, pos, q, qs, qn, vals, vs, page, track, clock)
     return node, pos + k
@@ -234,7 +234,7 @@ def radix_insert_batch(T, root, flat, offsets, cursor, new):
     sequence is inserted exactly as ``insert_one`` one by one would."""
     n = offsets.shape[0] - 1
     meta = T[META]
-    tokens, start, length, table = T[TOKENS], T[START], T[LENGTH], T[TABLE]
+    tokens, start, length, parent, table = T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE]
     rv = np.empty(GROUP, np.int64)
     rc = np.empty(GROUP, np.int64)
     rk = np.empty(GROUP, np.int64)
@@ -242,12 +242,13 @@ def radix_insert_batch(T, root, flat, offsets, cursor, new):
     walk = np.empty(GROUP, np.int64)
     slot = np.empty(GROUP, np.int64)
     entry = np.empty(GROUP, np.int64)
+    tag = np.empty(GROUP, np.int64)
     hung = np.empty(GROUP, np.int64)  # nodes this group hung a leaf on
     i = cursor[0]
     while i < n:
         m = min(GROUP, n - i)
-        descend_group(tokens, start, length, table, root, flat, offsets, i, m, 1, rv, rc,
-                      rk, rpos, walk, slot, entry)
+        descend_group(tokens, start, length, parent, table, root, flat, offsets, i, m, 1, rv, rc,
+                      rk, rpos, walk, slot, entry, tag)
         nh = 0
         split_seen = False
         for g in range(m):
@@ -262,7 +263,7 @@ def radix_insert_batch(T, root, flat, offsets, cursor, new):
                 if hung[h] == v:
                     stale = True
             if stale:
-                v, c, k, pos = descend(tokens, start, length, table, root, flat, qs, qn,
+                v, c, k, pos = descend(tokens, start, length, parent, table, root, flat, qs, qn,
                                        1)
             if c != NO_NODE:
                 split_seen = True
@@ -284,7 +285,7 @@ def unlink(T, x, page, track):
     """Delete node ``x`` (childless) from its parent and free it."""
     tokens, start, parent, table, meta = T[TOKENS], T[START], T[PARENT], T[TABLE], T[META]
     slot = table_slot(table, tokens, start, parent, x, page)
-    table_delete_slot(table, tokens, start, slot, page)
+    table_delete_slot(table, tokens, start, parent, slot, page)
     p = parent[x]
     T[NCHILD][p] -= 1
     T[CXOR][p] ^= x
@@ -311,7 +312,7 @@ def merge_into_child(T, p, c, page, track):
     tokens, start, length, parent, table = T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE]
     values, meta = T[VALUES], T[META]
     slot_c = table_slot(table, tokens, start, parent, c, page)
-    table_delete_slot(table, tokens, start, slot_c, page)
+    table_delete_slot(table, tokens, start, parent, slot_c, page)
     slot_p = table_slot(table, tokens, start, parent, p, page)
     pp = parent[p]
     lp = length[p]
@@ -332,7 +333,7 @@ def merge_into_child(T, p, c, page, track):
         start[c] = t
     length[c] = lp + lc
     parent[c] = pp
-    table[slot_p] = entry_of(pp, c)  # c now has p's key
+    table[slot_p] = retarget(table[slot_p], c)  # c now has p's key
     T[CXOR][pp] ^= p ^ c
     meta[M_NODES] -= 1
     free_node(T, p, track)
@@ -348,7 +349,7 @@ def remove_one(T, root, q):
         return DONE, 0
     nchild, cxor, term, meta = T[NCHILD], T[CXOR], T[TERM], T[META]
     start, length = T[START], T[LENGTH]
-    x, c, k, pos = descend(T[TOKENS], start, length, T[TABLE], root, q, 0, qn, 1)
+    x, c, k, pos = descend(T[TOKENS], start, length, T[PARENT], T[TABLE], root, q, 0, qn, 1)
     if c != NO_NODE or pos != qn or term_get(term, x) == 0:
         return DONE, 0
     room = 0

@@ -30,7 +30,7 @@ def pc_match(T, root, q, qs, qn, page, clock):
     the match ends inside of, so the returned node ends exactly at the match;
     stamps the path with ``clock``. Needs room for 1 node. Returns
     ``(length, node)``; ``node == root`` when nothing matched."""
-    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, qs, qn,
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, qn,
                            page)
     if c != NO_NODE:
         v = split(T, c, k, page, True)
@@ -173,7 +173,7 @@ def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, thr
     a request's locked node; its tokens left its own cached prefix, even
     for another cached path as long). ``ev``: the event log (``chain``), or
     None."""
-    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[TABLE], root, q, qs, n,
+    v, c, k, pos = descend(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, qs, n,
                            page)
     cached = pos + k
     if cached < min_cached:
@@ -327,7 +327,7 @@ def pc_peek(D, like, root, q, page, out):
     least the match); the matched tokens' values go to ``out``."""
     T = tree_at(D, like)
     start, length, parent, values = T[START], T[LENGTH], T[PARENT], T[VALUES]
-    v, c, k, pos = descend(T[TOKENS], start, length, T[TABLE], root, q, 0, q.shape[0],
+    v, c, k, pos = descend(T[TOKENS], start, length, T[PARENT], T[TABLE], root, q, 0, q.shape[0],
                            page)
     if values.shape[0] > 0:
         path_values(start, length, parent, values, v, pos, out)

@@ -13,8 +13,8 @@ kept in ``state`` says where to go on.
 from .config import kernel, kernel_nogil
 from .descent import common, match_one
 from .heap import heap_top
-from .layout import (DONE, HEAP, HKEY, HPOS, LENGTH, META, M_CLOCK, M_TOKENS, STAMP, START, TABLE,
-                     TOKENS, VALUES)
+from .layout import (DONE, HEAP, HKEY, HPOS, LENGTH, META, M_CLOCK, M_TOKENS, PARENT, STAMP, START,
+                     TABLE, TOKENS, VALUES)
 from .mutation import extend
 from .prefix import insert_capped, path_unlocked, pc_evict, pc_lock, pc_match, room_needed
 from .table import has_room, need_room
@@ -110,7 +110,7 @@ def lpm_pick(Td, roots, flat, offsets, win, state, window, page):
             continue
         qs = offsets[i]
         qn = offsets[i + 1] - qs
-        L = match_one(Td[TOKENS], Td[START], Td[LENGTH], Td[TABLE], roots[i], flat,
+        L = match_one(Td[TOKENS], Td[START], Td[LENGTH], Td[PARENT], Td[TABLE], roots[i], flat,
                       qs, qn - qn % page, page)
         if L > best_len or (L == best_len and i < best):
             best = i

@@ -1,22 +1,26 @@
 """Hashing, the child hash table, the terminal bitmap and the room check.
 
-The table holds one int64 entry per non-root node, keyed by ``(parent,
-first page of the span)``: ``parent << 32 | id`` (``entry_of``), -1 for an
-empty slot; power-of-two sized, linear probing, backward-shift deletion,
-load at most ``LOAD_NUM / LOAD_DEN``. The parent in the entry lets a probe
-pass over other parents' children, and check its own, without reading the
-node arrays: on a tree past the cache that is one dependent miss less per
-node visited, and none per entry probed past. Keys are mixed with
-splitmix64 in pure uint64 arithmetic (Numba's hash of an int is the int
-itself).
+The table holds one int64 entry per non-root node, placed by its key
+``(parent, first page of the span)``: the key's 64-bit hash picks the home
+slot (its low bits) and gives the entry's upper half (its high 32 bits, the
+*tag*), the node id is the lower half (``entry_of``); -1 is an empty slot.
+Power-of-two sized, linear probing, backward-shift deletion, load at most
+``LOAD_NUM / LOAD_DEN``. A probe compares tags only: it passes over every
+entry placed by another key (other parents' children, and its own parent's
+other children) without reading the node arrays or the token buffer, and
+stops at an empty slot. An entry whose tag matches is a candidate, exact
+once its node's ``parent`` and first page are compared (``is_child``; a
+false candidate is one probe step in 2^32): the descent reads that node's
+span there anyway. Keys are mixed with splitmix64 in pure uint64
+arithmetic (Numba's hash of an int is the int itself).
 """
 
 import numpy as np
 
 from .config import kernel
-from .layout import (EMPTY, ENTRY_NODE_MASK, LOAD_DEN, LOAD_NUM, META, M_NEED_NODES,
-                     M_NEED_TOKENS, M_NODE_END, M_NODES, M_FREE_COUNT, M_TOK_USED, NO_NODE, ROOM,
-                     START, TABLE, TOKENS)
+from .layout import (EMPTY, ENTRY_NODE_MASK, ENTRY_TAG_MASK, LOAD_DEN, LOAD_NUM, META,
+                     M_NEED_NODES, M_NEED_TOKENS, M_NODE_END, M_NODES, M_FREE_COUNT, M_TOK_USED,
+                     NO_NODE, ROOM, START, TABLE, TOKENS)
 from .prefetch import prefetch
 
 # table_rebuild prefetches the home slot of the node this many ids ahead
@@ -49,41 +53,74 @@ def home_slot(table, h):
 
 
 @kernel
-def entry_of(p, c):
-    """The table entry of node ``c`` under parent ``p`` (both >= 0)."""
-    return (np.int64(p) << 32) | np.int64(c)
+def tag_of(h):
+    """The upper half of the entries a key hash ``h`` places: its high 32
+    bits, as an int64 with the node id bits zero."""
+    return np.int64(h & np.uint64(0xFFFFFFFF00000000))
 
 
 @kernel
-def child_named(e, p):
-    """The node table entry ``e`` holds if it is a child of ``p``, else -1
-    (``e`` an empty slot or another parent's child; -1 for any ``e`` when
-    ``p`` is -1, a root's parent)."""
-    return e & ENTRY_NODE_MASK if e >= 0 and e >> 32 == p else NO_NODE
+def entry_of(h, c):
+    """The table entry of node ``c`` (>= 0) placed by key hash ``h``."""
+    return tag_of(h) | np.int64(c)
 
 
 @kernel
-def find_child(table, tokens, start, p, q, pos, page):
+def retarget(e, c):
+    """Entry ``e``'s key for node ``c`` (a split's upper part, or a merged
+    child, takes over a key as it is)."""
+    return (e & ENTRY_TAG_MASK) | np.int64(c)
+
+
+@kernel
+def child_tagged(e, tag):
+    """The node entry ``e`` holds if ``e`` carries ``tag``, else -1: a
+    candidate child, to be checked by ``is_child``."""
+    return e & ENTRY_NODE_MASK if e != EMPTY and (e & ENTRY_TAG_MASK) == tag else NO_NODE
+
+
+@kernel
+def is_child(tokens, start, parent, c, p, q, pos, page):
+    """True if node ``c`` hangs off ``p`` and its first page is
+    ``q[pos:pos+page]``."""
+    if parent[c] != p:
+        return False
+    s = start[c]
+    for j in range(page):
+        if tokens[s + j] != q[pos + j]:
+            return False
+    return True
+
+
+@kernel
+def find_child(table, tokens, start, parent, p, q, pos, page):
     """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
-    i = home_slot(table, key_hash(p, q, pos, page))
-    return probe_on(table, tokens, start, i, table[i], p, q, pos, page)
+    h = key_hash(p, q, pos, page)
+    i = home_slot(table, h)
+    return probe_on(table, tokens, start, parent, i, table[i], p, tag_of(h), q, pos, page)
 
 
 @kernel
-def probe_on(table, tokens, start, i, e, p, q, pos, page):
+def tag_scan(table, i, e, tag):
+    """From slot ``i`` (entry ``e`` read already): the first slot of the
+    probe run holding ``tag``, or the empty slot that ends the run. Reads
+    the table only."""
+    mask = table.shape[0] - 1
+    while e != EMPTY and (e & ENTRY_TAG_MASK) != tag:
+        i = (i + 1) & mask
+        e = table[i]
+    return i
+
+
+@kernel
+def probe_on(table, tokens, start, parent, i, e, p, tag, q, pos, page):
     """``find_child``'s probe from slot ``i``, whose entry ``e`` was read
     already (the batch walkers read it a round ahead, to prefetch)."""
     mask = table.shape[0] - 1
     while e != EMPTY:
-        c = child_named(e, p)
-        if c != NO_NODE:  # a child of p: compare its first page
-            s = start[c]
-            same = True
-            for j in range(page):
-                if tokens[s + j] != q[pos + j]:
-                    same = False
-                    break
-            if same:
+        if (e & ENTRY_TAG_MASK) == tag:
+            c = e & ENTRY_NODE_MASK
+            if is_child(tokens, start, parent, c, p, q, pos, page):
                 return c
         i = (i + 1) & mask
         e = table[i]
@@ -91,30 +128,38 @@ def probe_on(table, tokens, start, i, e, p, q, pos, page):
 
 
 @kernel
+def node_hash(tokens, start, parent, c, page):
+    """The key hash node ``c`` is placed by."""
+    return key_hash(parent[c], tokens, start[c], page)
+
+
+@kernel
 def table_put(table, tokens, start, parent, c, page):
     mask = table.shape[0] - 1
-    p = parent[c]
-    i = home_slot(table, key_hash(p, tokens, start[c], page))
+    h = node_hash(tokens, start, parent, c, page)
+    i = home_slot(table, h)
     while table[i] != EMPTY:
         i = (i + 1) & mask
-    table[i] = entry_of(p, c)
+    table[i] = entry_of(h, c)
 
 
 @kernel
 def table_slot(table, tokens, start, parent, c, page):
     """Slot holding node ``c`` (which must be in the table)."""
     mask = table.shape[0] - 1
-    p = parent[c]
-    i = home_slot(table, key_hash(p, tokens, start[c], page))
-    e = entry_of(p, c)
+    h = node_hash(tokens, start, parent, c, page)
+    i = home_slot(table, h)
+    e = entry_of(h, c)
     while table[i] != e:
         i = (i + 1) & mask
     return i
 
 
 @kernel
-def table_delete_slot(table, tokens, start, i, page):
-    """Empty slot ``i`` and shift later entries of its probe run back."""
+def table_delete_slot(table, tokens, start, parent, i, page):
+    """Empty slot ``i`` and shift later entries of its probe run back (each
+    entry's home from its node: the node arrays must still hold the key it
+    was placed by)."""
     mask = table.shape[0] - 1
     j = i
     while True:
@@ -122,7 +167,7 @@ def table_delete_slot(table, tokens, start, i, page):
         e = table[j]
         if e == EMPTY:
             break
-        home = home_slot(table, key_hash(e >> 32, tokens, start[e & ENTRY_NODE_MASK], page))
+        home = home_slot(table, node_hash(tokens, start, parent, e & ENTRY_NODE_MASK, page))
         # e may fill the hole at i unless its home lies cyclically in (i, j]
         if i <= j:
             movable = home <= i or home > j

@@ -7,7 +7,8 @@ cost O(1); ``full=True`` re-derives everything from the arrays.
 
 import numpy as np
 
-from .._kernels.layout import EMPTY, ENTRY_NODE_MASK, FREE, LOCK_LIMIT, MAX_LOAD, TREE_FIELDS
+from .._kernels.layout import (EMPTY, ENTRY_NODE_MASK, ENTRY_TAG_MASK, FREE, LOCK_LIMIT, MAX_LOAD,
+                               TREE_FIELDS)
 from .results import InvariantError
 from .storage import roots_and_depths
 
@@ -40,6 +41,12 @@ def np_key_hash(parents, pages):
     return h
 
 
+def np_tag(hashes):
+    """NumPy twin of ``table.tag_of``: the high 32 bits of key hashes, as
+    the int64 upper halves of table entries."""
+    return (hashes & _U(0xFFFFFFFF00000000)).view(np.int64)
+
+
 def check_views(s):
     """The arrays the kernels are handed are the storage's own arrays, with
     consistent sizes (a growth that went half-way would break this)."""
@@ -51,10 +58,10 @@ def check_views(s):
     _require(len(s.arrays) == len(TREE_FIELDS) and all(a is b for a, b in zip(s.arrays, tree)),
              "the kernels' tree tuple is the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.exists_args, ("tokens", "start", "length", "term", "table"))),
+                 zip(s.exists_args, ("tokens", "start", "length", "parent", "term", "table"))),
              "the lookup arguments are the storage's arrays")
     _require(all(a is getattr(tree, n) for a, n in
-                 zip(s.match_args, ("tokens", "start", "length", "table"))),
+                 zip(s.match_args, ("tokens", "start", "length", "parent", "table"))),
              "the match arguments are the storage's arrays")
     ncap = tree.start.shape[0]
     _require(all(getattr(tree, n).shape[0] == ncap for n in s.per_node_arrays),
@@ -127,15 +134,12 @@ def check_bounds(s):
     _require(0 <= s.root < end and bool(root[s.root]), "the default root is not a root")
     table = t.table
     _require(table.dtype == np.int64, "the child table is not int64")
-    filled = table >= 0
+    filled = table != EMPTY
     nodes = table[filled] & ENTRY_NODE_MASK
-    _require(bool(np.all(table[~filled] == EMPTY)), "an empty table slot is not -1")
     _require(bool(np.all(nodes < end)), "a table entry is not a node id")
     _require(int(filled.sum()) == int(live.sum()), "the child table does not hold every node once")
     _require(bool(np.all(live[nodes])) and int(np.bincount(nodes, minlength=1).max(initial=0)) <= 1,
              "the child table does not hold every node once")
-    _require(bool(np.array_equal(table[filled] >> 32, parent[nodes])),
-             "a table entry's parent is not its node's parent")
     _require(bool(np.any(~filled)), "the child table has no empty slot")
     if s.track:
         hsize = s.count("heap_size")
@@ -198,6 +202,8 @@ def check_tree(s, full=True, canonical=False):
     _require(np.array_equal(np.sort(entries), ids), "table entries are exactly the live nodes")
     pages = _first_pages(s.tokens, start, entries, page)
     hashes = np_key_hash(parent[entries], pages)
+    _require(np.array_equal(table[filled] & ENTRY_TAG_MASK, np_tag(hashes)),
+             "a table entry's tag is not its node's key (parent, first page)")
     homes = (hashes & _U(table.shape[0] - 1)).astype(np.int64)
     slots = np.flatnonzero(filled)
     # no empty slot may lie cyclically between an entry's home and its slot

@@ -30,19 +30,22 @@ import zlib
 
 import numpy as np
 
-from .invariants import check_tree
-from .._kernels.layout import (M_HEAP_SIZE, META_SIZE, NODE_FIELDS, SAVED_TRACK_FIELDS, TRACK_FIELDS,
-                              Tree)
+from .invariants import check_tree, np_key_hash, np_tag
+from .._kernels.layout import (ENTRY_NODE_MASK, M_HEAP_SIZE, META_SIZE, NODE_FIELDS,
+                              SAVED_TRACK_FIELDS, TRACK_FIELDS, Tree)
 from .results import InvariantError, TreeFormatError
 from .storage import (MIN_NODES, MIN_TOKENS, SUPPORTED_DTYPES, TRACK_DTYPES, TreeStorage,
                        high_water_marks, token_dtype)
 
 FORMAT = "radix_soa"
-VERSION = 3
+VERSION = 4
 # counter slots per version: version 1 kept 16 (the statistics lived in the
-# header state); versions 1 and 2 kept the child table as int32 node ids
-# (version 3: int64 entries ``parent << 32 | id``, see ``_kernels.table``)
-READABLE_VERSIONS = {1: 16, 2: META_SIZE, 3: META_SIZE}
+# header state); versions 1 and 2 kept the child table as int32 node ids,
+# version 3 as int64 entries ``parent << 32 | id``; version 4 as entries
+# ``tag << 32 | id`` (the key hash's high bits, see ``_kernels.table``). The
+# key hash and so every home slot is the same in all four: an older table
+# gains its tags on load, slot for slot (``_tagged_entries``).
+READABLE_VERSIONS = {1: 16, 2: META_SIZE, 3: META_SIZE, 4: META_SIZE}
 HEADER = "header.json"
 _ARRAY_NAMES = ({"tokens", "values", "term", "table", "meta"} | set(NODE_FIELDS)
                 | set(SAVED_TRACK_FIELDS))
@@ -318,8 +321,8 @@ def build_storage(path, header, arrays, mmap):
     table = arrays["table"]
     if table.shape[0] < 16 or table.shape[0] & (table.shape[0] - 1):
         _fail(path, "child table size is not a power of two")
-    if header["version"] < 3:
-        table = arrays["table"] = _entries_of_node_ids(path, table, arrays["parent"], end)
+    if header["version"] < 4:
+        table = arrays["table"] = _tagged_entries(path, header, table, arrays, tok, end)
     elif table.dtype != np.int64:
         _fail(path, "child table is not int64")
     dtype = token_dtype(header["dtype"])
@@ -356,22 +359,37 @@ def build_storage(path, header, arrays, mmap):
     return s
 
 
-def _entries_of_node_ids(path, table, parent, end):
-    """A child table of node ids (int32, format versions 1 and 2) as this
-    version's entries, ``parent << 32 | id``. The ids are checked to name
-    nodes with a parent here; whatever else is wrong (a duplicate, a
-    misplaced entry) ``check_tree`` refuses as in any table."""
-    if table.dtype != np.int32:
-        _fail(path, "child table is not int32 (format version 1 or 2)")
-    ids = table.astype(np.int64)
-    filled = ids >= 0
-    if np.any(ids[~filled] != -1) or np.any(ids[filled] >= end):
+def _tagged_entries(path, header, table, arrays, tok, end):
+    """An older version's child table as this version's entries, ``tag <<
+    32 | id``, each in its slot: node ids (int32, versions 1 and 2) or
+    ``parent << 32 | id`` (int64, version 3, whose parent bits must be the
+    node's). The ids are checked to name nodes with a parent and a first
+    page inside the token buffer before any token is read; whatever else is
+    wrong (a duplicate, a misplaced entry) ``check_tree`` refuses as in any
+    table."""
+    version = header["version"]
+    want = np.int32 if version < 3 else np.int64
+    if table.dtype != want:
+        _fail(path, f"child table is not {np.dtype(want).name} (format version {version})")
+    raw = table.astype(np.int64)
+    filled = raw != -1 if version >= 3 else raw >= 0
+    if version < 3 and np.any(raw[~filled] != -1):
         _fail(path, "corrupted: a table entry is not a node id")
-    parents = parent[ids[filled]].astype(np.int64)
+    ids = raw[filled] & ENTRY_NODE_MASK if version >= 3 else raw[filled]
+    if np.any(ids >= end):
+        _fail(path, "corrupted: a table entry is not a node id")
+    parents = arrays["parent"][ids].astype(np.int64)
     if np.any(parents < 0):
         _fail(path, "corrupted: a table entry names a root or a free node")
-    entries = np.full(ids.shape[0], -1, np.int64)
-    entries[filled] = (parents << 32) | ids[filled]
+    if version >= 3 and not np.array_equal(raw[filled] >> 32, parents):
+        _fail(path, "corrupted: a table entry's parent is not its node's parent")
+    page = int(header.get("page_size", 1))
+    starts = arrays["start"][ids].astype(np.int64)
+    if np.any(arrays["length"][ids] < page) or np.any(starts < 0) or np.any(starts + page > tok):
+        _fail(path, "corrupted: a table entry's first page lies outside the token buffer")
+    pages = arrays["tokens"][starts[:, None] + np.arange(page)[None, :]]
+    entries = np.full(raw.shape[0], -1, np.int64)
+    entries[filled] = np_tag(np_key_hash(parents, pages)) | ids
     return entries
 
 

@@ -212,7 +212,7 @@ class TreeStorage:
           can tell that the arrays it read from were replaced;
         - ``arrays``: the same arrays as the plain tuple the mutating kernels
           take (the kernels' ``T``);
-        - ``exists_args``: ``(tokens, start, length, term, table)``, what the
+        - ``exists_args``: ``(tokens, start, length, parent, term, table)``, what the
           batch ``exists`` reads; ``match_args``: the same without ``term``,
           what the batch ``match`` reads;
         - ``directory``: the directory of every array the per-call entry
@@ -225,8 +225,9 @@ class TreeStorage:
         views["generation"] = getattr(self, "generation", 0) + 1  # readers compare it
         views["tree"] = tree
         views["arrays"] = tuple(tree)
-        views["exists_args"] = (tree.tokens, tree.start, tree.length, tree.term, tree.table)
-        views["match_args"] = (tree.tokens, tree.start, tree.length, tree.table)
+        views["exists_args"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.term,
+                               tree.table)
+        views["match_args"] = (tree.tokens, tree.start, tree.length, tree.parent, tree.table)
         views["directory"] = (directory_kernels.directory_of(tree) if USE_DIRECTORY
                               else views["arrays"])
         views["like"] = tree.tokens[:0]
@@ -287,11 +288,13 @@ class TreeStorage:
             cap = min(MAX_NODES, max(_grown(tree.start.shape[0]), need_n))
             changes.update(self._node_arrays(tree, cap, end))
         need_slots = int(meta[L.M_NODES]) + nodes
-        if "start" in changes:  # the table grows with the node arrays: one growth, not two
-            need_slots = max(need_slots, changes["start"].shape[0] // 2)
-        if not table_kernels.table_fits(need_slots, tree.table.shape[0]):
+        size = tree.table.shape[0]
+        if not table_kernels.table_fits(need_slots, size):
+            # at least double (amortized O(1) rebuilding), else the smallest
+            # table for what is asked: sizing it by the node capacity (x4
+            # while small) left a grown table a quarter full
             changes["table"] = self._built_table(tree._replace(**changes),
-                                                 table_size_for(need_slots))
+                                                 max(2 * size, smallest_table_for(need_slots)))
         if changes:
             self._publish(tree._replace(**changes))
 
@@ -345,6 +348,13 @@ class TreeStorage:
         if tree.start.shape[0] > target:
             changes.update({name: getattr(tree, name)[:target] for name in self.per_node_arrays})
             changes["term"] = tree.term[:(target + 7) // 8]
+        nodes = self.count("nodes")
+        size = smallest_table_for(nodes)
+        if tree.table.shape[0] > size:
+            # a batch's predicted growth overshot: at most half full, the
+            # table is rebuilt at load (0.35, 0.7] (one pass over the nodes,
+            # under the batch's own cost)
+            changes["table"] = self._built_table(tree._replace(**changes), size)
         if changes:
             self._publish(tree._replace(**changes))
 
