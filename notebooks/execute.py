@@ -63,12 +63,25 @@ def _text(output):
     return data.get("text/plain", "") if "image/png" not in data else ""
 
 
+def _joined_streams(outputs):
+    """The outputs with each run of one stream's pieces joined: how a
+    kernel splits printed text into messages depends on its timing."""
+    joined = []
+    for o in outputs:
+        if (o.get("output_type") == "stream" and joined
+                and joined[-1].get("output_type") == "stream" and joined[-1].get("name") == o.get("name")):
+            joined[-1] = {**joined[-1], "text": _text(joined[-1]) + _text(o)}
+        else:
+            joined.append(o)
+    return joined
+
+
 def comparable(cell):
     """What must match between two executions of a code cell: its outputs'
     kinds and their text, with run-to-run variation masked."""
     timing = TIMING_TAG in cell.get("metadata", {}).get("tags", [])
     out = []
-    for o in cell.get("outputs", []):
+    for o in _joined_streams(cell.get("outputs", [])):
         kind = o.get("output_type")
         if kind == "error":
             out.append(("error", o.get("ename")))
@@ -79,6 +92,8 @@ def comparable(cell):
         text = re.sub(r"<Figure size [^>]*>", "<Figure>", text)
         text = re.sub(r" at 0x[0-9a-f]+", " at 0x…", text)
         text = (_NUMBER if timing else _DURATION).sub("#", text)
+        if timing:  # a column padded to its number's width
+            text = re.sub(r"[ \t]+", " ", text)
         out.append((kind if kind != "execute_result" else "display_data", mimes, text))
     return out
 

@@ -48,6 +48,16 @@ def test_the_comparison_masks_what_varies_and_nothing_else():
     changed = {"outputs": [{"output_type": "stream", "text": "built in 1.25 s; hit rate 0.8144, 35 ms"}]}
     assert ex.comparable(cell) == ex.comparable(other) != ex.comparable(changed)
     assert ex.comparable(timing) == [("stream", (), "built in # s; hit rate #, # ms")]
+    padded = {"metadata": timing["metadata"],
+              "outputs": [{"output_type": "stream", "text": "built in  10.25 s; hit rate 0.8, 5 ms"}]}
+    assert ex.comparable(padded) == ex.comparable(timing)
+    # the kernel may send printed text in any number of pieces
+    pieces = {"outputs": [{"output_type": "stream", "name": "stdout", "text": "built in 1.25 s; "},
+                          {"output_type": "stream", "name": "stdout", "text": "hit rate 0.8143, 35 ms"}]}
+    other_stream = {"outputs": [dict(pieces["outputs"][0]),
+                                {**pieces["outputs"][1], "name": "stderr"}]}
+    whole = {"outputs": [{**cell["outputs"][0], "name": "stdout"}]}
+    assert ex.comparable(pieces) == ex.comparable(whole) != ex.comparable(other_stream)
 
 
 @pytest.mark.slow
