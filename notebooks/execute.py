@@ -91,6 +91,7 @@ def comparable(cell):
         text = _ANSI.sub("", _text(o))
         text = re.sub(r"<Figure size [^>]*>", "<Figure>", text)
         text = re.sub(r" at 0x[0-9a-f]+", " at 0x…", text)
+        text = re.sub(r"\S*/site-packages/", ".../site-packages/", text)  # the venv's path
         text = (_NUMBER if timing else _DURATION).sub("#", text)
         if timing:  # a column padded to its number's width
             text = re.sub(r"[ \t]+", " ", text)

@@ -18,6 +18,8 @@ import pytest
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb")) if NOTEBOOK_DIR.is_dir() else []
+# the shared data beside the checkout, which the notebooks' stored outputs were made with
+SHARED_DATA = NOTEBOOK_DIR.parent.parent / "shared" / "data"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in the kernel's tracebacks
 
 
@@ -51,6 +53,10 @@ def test_the_comparison_masks_what_varies_and_nothing_else():
     padded = {"metadata": timing["metadata"],
               "outputs": [{"output_type": "stream", "text": "built in  10.25 s; hit rate 0.8, 5 ms"}]}
     assert ex.comparable(padded) == ex.comparable(timing)
+    warned = [{"outputs": [{"output_type": "stream", "text": f"{venv}/lib/python3.11/site-packages/"
+                                                              "distributed/client.py:3429: UserWarning"}]}
+              for venv in ("/tmp/venv", "/tmp/radix-soa-ci-venv")]
+    assert ex.comparable(warned[0]) == ex.comparable(warned[1])
     # the kernel may send printed text in any number of pieces
     pieces = {"outputs": [{"output_type": "stream", "name": "stdout", "text": "built in 1.25 s; "},
                           {"output_type": "stream", "name": "stdout", "text": "hit rate 0.8143, 35 ms"}]}
@@ -74,5 +80,8 @@ def test_notebook_runs_and_gives_its_stored_outputs(path):
     except CellExecutionError as exc:
         # str(exc) holds the failing cell's source and its traceback.
         pytest.fail(f"{path.name}: a cell raised\n{_ANSI.sub('', str(exc))}", pytrace=False)
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{path.name} ran without an error; its stored outputs were made with "
+                    f"{SHARED_DATA}, absent here, so they are not compared")
     diff = ex.differences(nbformat.read(path, as_version=4), fresh)
     assert not diff, f"{path.name} gives other outputs than it stores:\n" + "\n".join(diff)
