@@ -400,14 +400,7 @@ class BatchLifecycleMixin:
         return np.ascontiguousarray(flat), b.offsets, k
 
     def _check_begin_out(self, out, n):
-        if not self.has_values:
-            raise ValueError("this cache keeps no values (values=False); pass out=None")
-        if type(out) is not np.ndarray:
-            raise TypeError(f"out must be a NumPy int64 array; got {type(out).__name__}")
-        if out.dtype != _INT64 or out.ndim != 1:
-            raise ValueError(f"out must be a 1-D int64 array; got {out.ndim}-D {out.dtype}")
-        if not (out.flags.c_contiguous and out.flags.writeable):
-            raise ValueError("out must be C-contiguous and writable")
+        self._check_evict_out(out)  # the same array rules
         if out.shape[0] < n:
             raise ValueError(f"out has room for {out.shape[0]} values; the batch has {n} tokens")
 

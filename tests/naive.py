@@ -57,3 +57,19 @@ class NaiveSequenceSet:
         for p in prefixes:
             branching.setdefault(p[:-1], set()).add(p[-1])
         return sum(1 for p in prefixes if p in self.seqs or len(branching.get(p, ())) >= 2)
+
+
+def splitmix_key_hash(p, token):
+    """The child-table key hash of ``(p, token)`` from splitmix64's
+    definition, in Python integers (not the kernels'): the table's tag is
+    its high 32 bits."""
+    m = (1 << 64) - 1
+
+    def mix(x):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & m
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+
+    return mix(mix((p + 0x9E3779B97F4A7C15) & m) ^ (token & m))

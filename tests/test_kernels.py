@@ -11,6 +11,7 @@ from radix_soa._kernels import table as KT
 from radix_soa._kernels.layout import DONE, ROOM
 from radix_soa._tree.results import InvariantError
 from radix_soa._tree.storage import TreeStorage, resume
+from naive import splitmix_key_hash
 
 
 def common_reference(a, b):
@@ -95,18 +96,8 @@ def _reachable(table, buf, start, parent, ids):
 
 
 def _tag(p, token):
-    """The high 32 bits of key ``(p, token)``'s hash, computed here from
-    splitmix64's definition (not the kernels')."""
-    m = (1 << 64) - 1
-
-    def mix(x):
-        x ^= x >> 30
-        x = (x * 0xBF58476D1CE4E5B9) & m
-        x ^= x >> 27
-        x = (x * 0x94D049BB133111EB) & m
-        return x ^ (x >> 31)
-
-    return mix(mix((p + 0x9E3779B97F4A7C15) & m) ^ (token & m)) >> 32
+    """The high 32 bits of key ``(p, token)``'s hash."""
+    return splitmix_key_hash(p, token) >> 32
 
 
 def test_a_table_entry_is_its_keys_tag_above_the_node_id():

@@ -4,7 +4,7 @@ import pytest
 from radix_soa import RadixCache
 from radix_soa.baselines.reference import ReferenceRadixTree
 
-from naive import NaiveSequenceSet
+from naive import NaiveSequenceSet, splitmix_key_hash
 
 I64 = np.iinfo(np.int64)
 
@@ -309,19 +309,7 @@ def test_matches_naive_model_on_small_alphabet():
 
 # ---------------------------------------------------------------- tag collisions
 
-def _splitmix_key_hash(p, token):
-    """The child key hash of ``(p, token)`` from splitmix64's definition,
-    in Python integers (not the kernels')."""
-    m = (1 << 64) - 1
-
-    def mix(x):
-        x ^= x >> 30
-        x = (x * 0xBF58476D1CE4E5B9) & m
-        x ^= x >> 27
-        x = (x * 0x94D049BB133111EB) & m
-        return x ^ (x >> 31)
-
-    return mix(mix((p + 0x9E3779B97F4A7C15) & m) ^ (token & m))
+_splitmix_key_hash = splitmix_key_hash
 
 
 # first tokens whose keys under root 0 share the table tag (the hash's high 32
