@@ -12,7 +12,9 @@ working directory, ``MPLBACKEND=Agg`` and 600 s per cell.
 What "the same outputs" means (``comparable``): the same cells print the
 same text and show the same kinds of figures, once what varies from run to
 run is masked: durations (``1.2 s``, ``35 ms``), rates and speed ratios in
-cells tagged ``timing`` (every number there), and the bytes of images.
+cells tagged ``timing`` (every number there; also the cells whose numbers
+include tracemalloc's bytes of Python objects, which move by a few bytes
+between runs), and the bytes of images.
 Counts, hit rates, byte counts and every other number of an untagged cell
 must match exactly.
 """

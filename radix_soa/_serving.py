@@ -29,7 +29,7 @@ from ._tree.results import (NO_VALUES_MATCHED, NOTHING_EVICTED, CacheFullError, 
 from ._input.sequence import as_tokens
 from ._tree.storage import roots_and_depths, span_positions
 from ._input.types import Namespace, TokenSequence
-from ._input.validate import check_int
+from ._input.validate import MAX_SEQUENCE_TOKENS, check_int
 
 if TYPE_CHECKING:
     from ._events.event_log import EventLog
@@ -519,7 +519,8 @@ class ServingMixin:
 
     @staticmethod
     def _check_reserve(reserve):
-        return check_int("reserve", reserve, minimum=0)
+        # a request holds at most a sequence's tokens: the sums of many stay in int64
+        return check_int("reserve", reserve, minimum=0, maximum=MAX_SEQUENCE_TOKENS)
 
     @property
     def inflight_tokens(self) -> int:

@@ -409,12 +409,16 @@ class BatchLifecycleMixin:
         if reserve is None:
             return np.full(k, -1, np.int64)
         if isinstance(reserve, (int, np.integer)) and not isinstance(reserve, bool):
-            return np.full(k, check_int("reserve", reserve, minimum=0), np.int64)
+            return np.full(k, check_int("reserve", reserve, minimum=0, maximum=MAX_SEQUENCE_TOKENS),
+                           np.int64)
         arr = np.asarray(reserve)
         if arr.shape != (k,) or arr.dtype.kind not in "iu":
             raise ValueError(f"reserve must be None, an int, or {k} ints (one per request)")
         if k and int(arr.min()) < 0:
             raise ValueError("reserve must be >= 0")
+        if k and int(arr.max()) > MAX_SEQUENCE_TOKENS:  # before a uint64 could wrap to "default"
+            raise OverflowError(f"reserve must be <= {MAX_SEQUENCE_TOKENS} (a sequence's most "
+                                f"tokens); got {int(arr.max())}")
         return arr.astype(np.int64)
 
     def _batch_evict_out(self, capacity, need, k):

@@ -31,6 +31,9 @@ _ADD, _DROP, _FORGOT = 0, 1, 2  # the kinds of a strict call's undo steps
 MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
 
 
+SEEDS_KEPT = 4096  # namespace seeds remembered per index
+
+
 class OverlapReport(NamedTuple):
     """``RouterIndex.overlap_report``: the overlap of every registered
     worker (``overlap_scores``) and the workers among them whose pages are
@@ -757,7 +760,9 @@ class RouterIndex(ReadersWriter):
                     raise TypeError("a namespace must be an int or a str; got "
                                     f"{type(namespace).__name__}") from None
             seed = np.uint64(namespace_seed(namespace))
-            if type(namespace) in (int, str):
+            # remembered for the namespaces seen first (a service's callers can send
+            # any number of new ones: the rest are hashed again each time)
+            if type(namespace) in (int, str) and len(self._seeds) < SEEDS_KEPT:
                 self._seeds[namespace] = seed
         return seed
 

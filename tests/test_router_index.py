@@ -218,3 +218,16 @@ def test_an_index_pickles_and_copies_with_a_lock_of_its_own():
         assert other.overlap([1, 2, 5, 6]).tolist() == [4]
     assert ix.overlap([1, 2, 5, 6]).tolist() == [2]
 
+
+
+def test_namespace_seeds_remembered_are_bounded_and_answers_unchanged():
+    import radix_soa.router_index as ri
+
+    pc = rs.PrefixCache(page_size=2, events=True, values=False)
+    pc.insert([1, 2, 3, 4], namespace="kept")
+    ix = rs.RouterIndex(page_size=2, workers=["a"])
+    ix.apply("a", pc.take_events())
+    for i in range(ri.SEEDS_KEPT + 50):  # a caller sending ever new namespaces
+        assert ix.overlap([1, 2, 3, 4], namespace=f"n{i}").tolist() == [0]
+    assert len(ix._seeds) <= ri.SEEDS_KEPT
+    assert ix.overlap([1, 2, 3, 4], namespace="kept").tolist() == [4]

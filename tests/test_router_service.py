@@ -281,8 +281,41 @@ def test_overlap_with_a_namespace_and_an_empty_request(cluster):
     assert st == 200 and out["mode"] == "miss"
 
 
+def test_a_post_for_an_unknown_worker_is_refused_unless_new_workers_are_allowed():
+    svc = RouterService(rs.RouterIndex(page_size=2, workers=["w0"], strict=False)).start()
+    try:
+        st, out = call(svc, "POST", "/events", {"worker": "wO", "events": []})  # a typo of w0
+        assert st == 400 and "unknown worker 'wO'" in out["error"]
+        assert call(svc, "GET", "/workers")[1]["workers"][0]["id"] == "w0"
+        assert len(call(svc, "GET", "/workers")[1]["workers"]) == 1
+    finally:
+        svc.stop()
+
+
+def test_healthz_is_503_when_the_event_feed_stopped():
+    class Feed:  # a subscriber that has stopped feeding the index
+        running = False
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+        def stats(self, w):
+            return {}
+
+    svc = RouterService(rs.RouterIndex(page_size=2, workers=["w0"], strict=False),
+                        subscriber=Feed()).start()
+    try:
+        st, out = call(svc, "GET", "/healthz")
+        assert st == 503 and out["status"] == "events stopped"
+    finally:
+        svc.stop()
+
+
 def test_no_workers_is_503_and_a_posted_worker_joins():
-    svc = RouterService(rs.RouterIndex(page_size=2, strict=False)).start()
+    svc = RouterService(rs.RouterIndex(page_size=2, strict=False), allow_new_workers=True).start()
     try:
         st, out = call(svc, "POST", "/route", {"tokens": [1, 2]})
         assert st == 503 and "no workers" in out["error"]

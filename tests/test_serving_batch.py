@@ -319,3 +319,20 @@ def test_begun_values_are_read_while_open_or_written_to_out():
         pc.begin_batch([[1, 2, 3]], out=np.empty(2, np.int64))
     with pytest.raises(ValueError, match="1-D int64"):
         pc.begin_batch([[1, 2, 3]], out=np.empty(3, np.int32))
+
+
+@pytest.mark.parametrize("reserve", [[5, 2**63 - 1], [5, 2**31], np.array([5, 2**63 + 7], np.uint64)])
+def test_a_reserve_past_a_sequences_most_tokens_is_refused_before_anything_begins(reserve):
+    # 2**63 - 1 once overflowed the kernel's sum of reserves, so the batch ran
+    # without its undo copy and left its first request begun; a uint64 past
+    # 2**63 wrapped to a negative reserve, read as the default
+    pc = PrefixCache(capacity=100, count_inflight=True, values=False)
+    before = (pc.inflight_tokens, len(pc.open_requests()))
+    with pytest.raises(OverflowError, match="reserve"):
+        pc.begin_batch([[1], [2]], reserve=reserve)
+    assert (pc.inflight_tokens, len(pc.open_requests())) == before
+    with pytest.raises(OverflowError, match="reserve"):
+        pc.begin([1], reserve=2**63 - 1)
+    assert (pc.inflight_tokens, len(pc.open_requests())) == before
+    rb, _ = pc.begin_batch([[1], [2]], reserve=[5, 7])  # in range: taken
+    assert [r.reserved for r in rb] == [5, 7] and pc.inflight_tokens == 12

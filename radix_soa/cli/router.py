@@ -99,6 +99,8 @@ def add_parser(sub, bounded, pos_int, size):
                    help="prefix_hash: pages hashed (default 4)")
     r.add_argument("--vnodes", type=bounded(1 << 16), default=64,
                    help="prefix_hash: ring points per worker (default 64)")
+    r.add_argument("--allow-new-workers", action="store_true",
+                   help="let POST /events add a worker not given by --worker (default: a 400)")
     r.set_defaults(func=router)
     return r
 
@@ -134,7 +136,8 @@ def router(args):
                         balance_abs_threshold=args.balance_abs_threshold,
                         balance_rel_threshold=args.balance_rel_threshold,
                         overlap_weight=args.overlap_weight, load=args.load,
-                        prefix_pages=args.prefix_pages, vnodes=args.vnodes)
+                        prefix_pages=args.prefix_pages, vnodes=args.vnodes,
+                        allow_new_workers=args.allow_new_workers)
 
     def announce(port):
         sys.stderr.write(f"radix-soa router: listening on http://{args.host}:{port} "

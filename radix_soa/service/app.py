@@ -103,6 +103,8 @@ class RouterService:
     with the service; None: events come by ``POST /events`` only.
     ``policy``: the default of ``/route``. The policy options are those of
     ``radix_soa.replay_cluster`` (SGLang's and Dynamo's defaults).
+    ``POST /events`` for a worker the index does not hold is a 400 unless
+    ``allow_new_workers=True`` (then the post registers it).
 
     >>> import http.client, json
     >>> import radix_soa as rs
@@ -121,7 +123,7 @@ class RouterService:
 
     def __init__(self, index, *, subscriber=None, policy="cache_aware", cache_threshold=0.5,
                  balance_abs_threshold=32, balance_rel_threshold=1.1, overlap_weight=1.0,
-                 load="requests", prefix_pages=4, vnodes=64):
+                 load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         if policy not in POLICIES:
@@ -139,6 +141,8 @@ class RouterService:
                 raise ValueError(f"{name} must be an int in [1, 65536]; got {v!r}")
         self.index = index
         self.subscriber = subscriber
+        self.allow_new_workers = bool(allow_new_workers)
+        self._owns_subscriber = False
         self.policy = policy
         self.options = {"cache_threshold": cache_threshold,
                         "balance_abs_threshold": balance_abs_threshold,
@@ -168,7 +172,9 @@ class RouterService:
         from ..integrations.vllm import KVEventSubscriber
         ix = RouterIndex(page_size, workers=list(endpoints), event_hash=event_hash,
                          event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
-        return cls(ix, subscriber=KVEventSubscriber(ix, endpoints), **options)
+        svc = cls(ix, subscriber=KVEventSubscriber(ix, endpoints), **options)
+        svc._owns_subscriber = True  # made here: closed by stop()
+        return svc
 
     # ------------------------------------------------------------ state
     def _current(self, ids):
@@ -290,6 +296,11 @@ class RouterService:
         if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
             raise BadRequest(f"seq must be an integer >= 0; got {seq!r}")
         v = self._current(self.index.workers)
+        if name not in v.pos and not self.allow_new_workers:
+            # a typo must not become a worker that routes then prefer (no load, no cache)
+            raise BadRequest(f"worker: unknown worker {name!r}; the workers are "
+                             f"{', '.join(map(repr, v.names)) or 'none'} (start the service "
+                             "with allow_new_workers=True to let a POST add one)")
         w = v.ids[v.pos[name]] if name in v.pos else name
         try:
             self.index.apply(w, events, seq=seq)
@@ -336,7 +347,8 @@ class RouterService:
         n, bad = len(ix.workers), len(ix.degraded)
         sub = self.subscriber
         events_ok = sub is None or getattr(sub, "running", True)
-        return 200, {"status": "ok" if events_ok else "events stopped", "workers": n,
+        # a stopped feed means a stale index: 503, so a probe reading only the status sees it
+        return 200 if events_ok else 503, {"status": "ok" if events_ok else "events stopped", "workers": n,
                      "degraded": bad, "uptime_seconds": round(time.time() - self.started, 3)}
 
     def metrics_text(self):
@@ -469,7 +481,11 @@ class RouterService:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
-        self._warm()
+        try:
+            self._warm()
+        except BaseException:
+            sock.close()
+            raise
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"
         config = uvicorn.Config(self, http=http, lifespan="off", log_config=None,
                                 access_log=False, log_level="warning", backlog=2048)
@@ -496,13 +512,19 @@ class RouterService:
             self.stop()
             raise failed[0] if failed else RuntimeError("the service did not start")
         if self.subscriber is not None:
-            self.subscriber.start()
+            try:
+                self.subscriber.start()
+            except BaseException:
+                self.stop()  # no server left answering from an index nothing feeds
+                raise
         return self
 
     def stop(self):
         """Stop serving and the subscriber; waits for the thread."""
         if self.subscriber is not None:
             self.subscriber.stop()
+            if self._owns_subscriber:
+                self.subscriber.close()
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(30)
