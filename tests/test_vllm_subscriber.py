@@ -396,6 +396,36 @@ def test_a_restarted_engine_is_seen_and_its_old_pages_dropped(ctx):
     pub.close()
 
 
+def test_a_restart_after_one_batch_is_told_from_a_duplicate_by_its_payload(ctx):
+    # the engine dies after its batch 0 and its new stream starts at 0 again:
+    # the same seq with another payload is a restart, not a duplicate to skip
+    old = rs.PrefixCache(page_size=PAGE, events=True, values=False)
+    new = rs.PrefixCache(page_size=PAGE, events=True, values=False)
+    old.insert([1] * (2 * PAGE))
+    new.insert([2] * (2 * PAGE))
+    new_batches = [new.take_events()]
+    new.insert([2] * PAGE + [3] * PAGE)
+    new_batches.append(new.take_events())
+    ix = index()
+    pub = WirePublisher(LOCAL, LOCAL, context=ctx)
+    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        assert pub.wait_subscribers(1)
+        pub.publish(old.take_events())
+        wait(sub, caught_up(sub, "w", pub))
+        assert ix.overlap([1] * (2 * PAGE)).tolist() == [2 * PAGE]
+        pub.close()
+        pub = bind_again(pub.endpoint, pub.replay_endpoint, ctx)
+        wait(sub, lambda: pub.wait_subscribers(1, timeout=0.01))
+        for b in new_batches:
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        assert sub.stats("w")["restarts"] == 1 and sub.stats("w")["duplicates"] == 0
+        assert ix.blocks_of("w") == reference(new_batches) and ix.status("w") == "exact"
+        assert ix.overlap([1] * (2 * PAGE)).tolist() == [0]
+        assert ix.overlap([2] * PAGE + [3] * PAGE).tolist() == [2 * PAGE]
+    pub.close()
+
+
 def test_malformed_frames_are_counted_and_the_thread_goes_on(ctx):
     pc = rs.PrefixCache(page_size=PAGE, events=True, values=False)
     ix = index()

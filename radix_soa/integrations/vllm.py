@@ -26,10 +26,12 @@ from 0), per worker:
   leaves the gap to the index,
   which marks the worker degraded (``RouterIndex.status``) and goes on
   applying: the worker stays answerable;
-- a batch numbered below the highest seen on the PUB socket is a restart (a
+- a batch numbered below the highest seen on the PUB socket, or numbered
+  the highest seen with another payload, is a restart (a
   new publisher counts from 0 again: the engine restarted and lost its
   cache): the worker's pages are cleared and its stream starts again as
-  above. A batch numbered as the last one is a duplicate, skipped. (A
+  above. A batch numbered as the last one, with its payload, is a
+  duplicate, skipped. (A
   restarted engine whose new count has already passed the old one when the
   subscriber reconnects cannot be told from a gap by the numbers alone.)
 - a malformed frame, payload or event (or one the index refuses: another
@@ -62,6 +64,7 @@ True
 >>> sub.close(); pub.close()
 """
 
+import hashlib
 import queue
 import threading
 import time
@@ -139,6 +142,7 @@ class _Feed:
             raise
         self.last = None        # the last seq handled (applied or lost)
         self.high = None        # the highest seq seen on the PUB socket
+        self.high_digest = b""  # and its payload's digest: the same seq again with another is a restart
         self.pending = {}       # seq -> payload, held while a replay runs
         self.deadline = None    # while a replay runs: when it is given up
         self.replay_start = 0   # the seq the last replay asked from
@@ -497,7 +501,9 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
-        if feed.high is not None and seq < feed.high:
+        digest = hashlib.blake2b(payload, digest_size=16).digest()
+        if feed.high is not None and (seq < feed.high
+                                      or seq == feed.high and digest != feed.high_digest):
             feed.stats["restarts"] += 1
             if feed.deadline is not None:  # a replay of the old stream: dropped
                 feed.deadline = None
@@ -509,7 +515,7 @@ class KVEventSubscriber:
         elif seq == feed.high:
             feed.stats["duplicates"] += 1
             return
-        feed.high = seq
+        feed.high, feed.high_digest = seq, digest
         if feed.last is not None and seq <= feed.last:
             return  # a replay gave it already
         if feed.deadline is not None:
