@@ -12,9 +12,10 @@ working directory, ``MPLBACKEND=Agg`` and 600 s per cell.
 What "the same outputs" means (``comparable``): the same cells print the
 same text and show the same kinds of figures, once what varies from run to
 run is masked: durations (``1.2 s``, ``35 ms``), rates and speed ratios in
-cells tagged ``timing`` (every number there; also the cells whose numbers
-include tracemalloc's bytes of Python objects, which move by a few bytes
-between runs), and the bytes of images.
+cells tagged ``timing`` (every number there), and the bytes of images.
+Cells tagged ``approx`` hold numbers measured with tracemalloc (the bytes of
+Python objects, which move by a few bytes between runs): their numbers must
+agree within 1% or one unit of the last digit printed, whichever is larger.
 Counts, hit rates, byte counts and every other number of an untagged cell
 must match exactly.
 """
@@ -28,6 +29,8 @@ HERE = Path(__file__).resolve().parent
 CELL_TIMEOUT = 600
 KERNEL = "python3"
 TIMING_TAG = "timing"
+APPROX_TAG = "approx"
+APPROX_RELATIVE = 0.01
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DURATION = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?\s*(?:µs|us|ns|ms|s|min|seconds?)\b")
@@ -78,10 +81,16 @@ def _joined_streams(outputs):
     return joined
 
 
+def _tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
 def comparable(cell):
-    """What must match between two executions of a code cell: its outputs'
-    kinds and their text, with run-to-run variation masked."""
-    timing = TIMING_TAG in cell.get("metadata", {}).get("tags", [])
+    """What must match exactly between two executions of a code cell: its
+    outputs' kinds and their text, with run-to-run variation masked (the
+    numbers of an ``approx`` cell too: ``approx_numbers`` gives those)."""
+    tags = _tags(cell)
+    masked = TIMING_TAG in tags or APPROX_TAG in tags
     out = []
     for o in _joined_streams(cell.get("outputs", [])):
         kind = o.get("output_type")
@@ -94,11 +103,37 @@ def comparable(cell):
         text = re.sub(r"<Figure size [^>]*>", "<Figure>", text)
         text = re.sub(r" at 0x[0-9a-f]+", " at 0x…", text)
         text = re.sub(r"\S*/site-packages/", ".../site-packages/", text)  # the venv's path
-        text = (_NUMBER if timing else _DURATION).sub("#", text)
-        if timing:  # a column padded to its number's width
+        text = (_NUMBER if masked else _DURATION).sub("#", text)
+        if masked:  # a column padded to its number's width
             text = re.sub(r"[ \t]+", " ", text)
         out.append((kind if kind != "execute_result" else "display_data", mimes, text))
     return out
+
+
+def approx_numbers(cell):
+    """The numbers an ``approx`` cell prints, in order, as strings (durations
+    left out); none for any other cell."""
+    if APPROX_TAG not in _tags(cell) or TIMING_TAG in _tags(cell):
+        return []
+    text = "".join(_ANSI.sub("", _text(o)) for o in cell.get("outputs", []))
+    return _NUMBER.findall(_DURATION.sub("#", text))
+
+
+def _close(a, b):
+    """``a`` and ``b`` (printed numbers) agree within ``APPROX_RELATIVE`` or
+    one unit of the last digit the coarser of them prints."""
+    x, y = float(a.replace(",", "")), float(b.replace(",", ""))
+    decimals = min(0 if "e" in n.lower() else len(n.partition(".")[2]) for n in (a, b))
+    unit = 10.0 ** -decimals * (1 + 1e-9)  # the slack absorbs binary rounding of the difference
+    return abs(x - y) <= max(APPROX_RELATIVE * max(abs(x), abs(y)), unit)
+
+
+def same(stored, fresh):
+    """Whether two executions of a code cell give the same outputs."""
+    if comparable(stored) != comparable(fresh):
+        return False
+    a, b = approx_numbers(stored), approx_numbers(fresh)
+    return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
 
 
 def differences(stored, fresh):
@@ -111,7 +146,7 @@ def differences(stored, fresh):
     for i, (x, y) in enumerate(zip(a, b)):
         if x.get("execution_count") is None:
             lines.append(f"code cell {i}: stored unexecuted (run python notebooks/execute.py)")
-        elif comparable(x) != comparable(y):
+        elif not same(x, y):
             lines.append(f"code cell {i}: stored {comparable(x)!r}\n   executed {comparable(y)!r}")
     return lines
 

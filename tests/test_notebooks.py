@@ -1,7 +1,8 @@
 """The notebooks ship executed: each is run again and its outputs compared
 with the stored ones (``notebooks/execute.py`` says what must match: the
 text of every cell, durations masked, and every number of a cell tagged
-``timing``; the kinds of figures).
+``timing``; the numbers of a cell tagged ``approx`` within 1%; the kinds of
+figures).
 
 Each notebook is its own test id; the files in the repository are never
 rewritten here (``python notebooks/execute.py`` does that).
@@ -64,6 +65,26 @@ def test_the_comparison_masks_what_varies_and_nothing_else():
                                 {**pieces["outputs"][1], "name": "stderr"}]}
     whole = {"outputs": [{**cell["outputs"][0], "name": "stdout"}]}
     assert ex.comparable(pieces) == ex.comparable(whole) != ex.comparable(other_stream)
+
+
+def _stream(text, tags=()):
+    return {"metadata": {"tags": list(tags)}, "outputs": [{"output_type": "stream", "text": text}]}
+
+
+def test_an_approx_cell_agrees_within_one_percent_or_its_last_digit():
+    ex = runner()
+    stored = _stream("py tree  39791.30 B/node, 4.97x fewer, 5.2x, in 3.1 s", ["approx"])
+    assert ex.same(stored, _stream("py tree 39791.24 B/node, 4.96x fewer, 5.1x, in 9 s", ["approx"]))
+    # a number 2% off, a digit more or less, a word changed: not the same
+    assert not ex.same(stored, _stream("py tree 39791.30 B/node, 4.87x fewer, 5.2x, in 3.1 s", ["approx"]))
+    assert not ex.same(stored, _stream("py tree 39791.30 B/node, 4.97x fewer, 5.2x, 1x, in 3.1 s", ["approx"]))
+    assert not ex.same(stored, _stream("py set 39791.30 B/node, 4.97x fewer, 5.2x, in 3.1 s", ["approx"]))
+    # the last digit's unit: 5.2 and 5.0 differ by two
+    assert not ex.same(stored, _stream("py tree 39791.30 B/node, 4.97x fewer, 5.0x, in 3.1 s", ["approx"]))
+    # an untagged cell still wants every number but durations exactly
+    exact = _stream("py tree 39791.30 B/node, in 3.1 s")
+    assert ex.same(exact, _stream("py tree 39791.30 B/node, in 7 s"))
+    assert not ex.same(exact, _stream("py tree 39791.24 B/node, in 3.1 s"))
 
 
 @pytest.mark.slow
