@@ -44,32 +44,29 @@ def snapshot_runs(T, seeds, page):
             continue  # not a root
         number = start[r]
         seed = seeds[number] if 0 <= number < seeds.shape[0] else np.uint64(0)
-        top = -1
-        for j in range(offsets[r + 1] - 1, offsets[r] - 1, -1):
-            c = order[j]
-            hin[c] = seed
-            hasp[c] = 0
-            top += 1
-            stack[top] = c
+        hin[r] = seed
+        top = 0
+        stack[0] = r  # the root is walked for its children, not recorded
         while top >= 0:
             v = stack[top]
             top -= 1
-            nodes[k] = v
-            ns[k] = number
-            has_parent[k] = hasp[v]
-            before[k] = hin[v]
-            first[k] = pos
             h = hin[v]
-            s = start[v]
-            for p in range(length[v] // page):
-                h = page_hash(h, tokens, s + p * page, page)
-                hashes[pos] = h
-                pos += 1
-            k += 1
+            if v != r:
+                nodes[k] = v
+                ns[k] = number
+                has_parent[k] = hasp[v]
+                before[k] = h
+                first[k] = pos
+                s = start[v]
+                for p in range(length[v] // page):
+                    h = page_hash(h, tokens, s + p * page, page)
+                    hashes[pos] = h
+                    pos += 1
+                k += 1
             for j in range(offsets[v + 1] - 1, offsets[v] - 1, -1):
                 c = order[j]
                 hin[c] = h
-                hasp[c] = 1
+                hasp[c] = v != r
                 top += 1
                 stack[top] = c
     first[k] = pos
