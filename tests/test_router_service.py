@@ -429,3 +429,24 @@ def test_the_load_test_runs_bounded_and_stops_by_itself():
     r = loadtest.run(opts)  # raises unless every route was answered 200
     assert r["routes_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
     assert r["degraded"] == 0 and r["published"]["batches"] >= 2
+    assert r["events_per_s"] > 0  # measured while events streamed, not before
+
+
+@pytest.mark.slow
+def test_the_load_test_at_event_rate_zero_routes_without_events():
+    pytest.importorskip("zmq")
+    from radix_soa.service import loadtest
+    opts = loadtest.parser().parse_args(["--workers", "2", "--requests", "200", "--connections",
+                                         "2", "--tokens", "64", "--prefix", "48",
+                                         "--event-rate", "0", "--repeat", "1"])
+    r = loadtest.run(opts)
+    assert r["published"] == {"batches": 0, "events": 0} and r["events_per_s"] == 0
+    assert r["routes_per_s"] > 0
+
+
+@pytest.mark.parametrize("rate", ["-1", "nan"])
+def test_the_load_test_refuses_a_negative_event_rate(rate, capsys):
+    from radix_soa.service import loadtest
+    with pytest.raises(SystemExit) as exc:
+        loadtest.main(["--event-rate", rate])
+    assert exc.value.code == 2 and "--event-rate" in capsys.readouterr().err

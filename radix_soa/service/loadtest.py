@@ -40,7 +40,8 @@ def publish(workers, rate, tokens, prefix, families, page, capacity, seed):
     """The publishers' process: bind ``workers`` publishers, print their
     endpoints as one JSON line, wait for ``go`` on stdin, then publish one
     batch per worker every ``1/rate`` s (the events of one request on its
-    engine) until stdin says ``stop``; print the batches and events sent."""
+    engine; none at rate 0) until stdin says ``stop``; print the batches and
+    events sent."""
     import select
 
     import radix_soa as rs
@@ -55,9 +56,9 @@ def publish(workers, rate, tokens, prefix, families, page, capacity, seed):
         p.wait_subscribers(1, timeout=60)
     sys.stdin.readline()  # go
     batches = events = 0
-    period = 1.0 / rate
+    period = 1.0 / rate if rate > 0 else None
     nxt = time.perf_counter()
-    while True:
+    while period is not None:
         for w, (pub, pc) in enumerate(zip(pubs, engines)):
             f = int(rng.integers(0, families)) if rng.random() < 0.8 else \
                 (w * families // workers)
@@ -71,6 +72,8 @@ def publish(workers, rate, tokens, prefix, families, page, capacity, seed):
         wait = max(0.0, nxt - time.perf_counter())
         if select.select([sys.stdin], [], [], wait)[0]:
             break
+    if period is None:
+        sys.stdin.readline()  # stop
     print(json.dumps({"batches": batches, "events": events}), flush=True)
     time.sleep(0.2)
     for p in pubs:
@@ -91,6 +94,22 @@ def _metrics(port):
         if m:
             total[m.group(1)] = total.get(m.group(1), 0) + float(m.group(2))
     return total
+
+
+def _await_events(port, workers, pubs, timeout=120.0):
+    """Wait until the router has applied as many event batches as there are
+    workers (the publishers' process may still be compiling its kernels when
+    it is told to go), so that what is measured is routing with events
+    streaming."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _metrics(port).get("radix_soa_router_event_batches_total", 0) >= workers:
+            return
+        if pubs.poll() is not None:
+            raise RuntimeError(f"the publishers' process exited with {pubs.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"no event batch from each of the {workers} workers reached the "
+                       f"router within {timeout:.0f} s")
 
 
 def _cpu(pid):
@@ -142,6 +161,8 @@ def run(opts, out=sys.stdout):
                 for b in bodies(512, opts.tokens, opts.prefix, opts.families, 1)]
         pubs.stdin.write("go\n")
         pubs.stdin.flush()
+        if opts.event_rate > 0:
+            _await_events(port, opts.workers, pubs)
         run_load("127.0.0.1", port, lambda i: reqs[i % len(reqs)], 2000, opts.connections)
         before, t0 = _metrics(port), time.perf_counter()
         cpu0 = (_cpu(server.pid), _cpu(pubs.pid), time.process_time())
@@ -156,6 +177,9 @@ def run(opts, out=sys.stdout):
             raise RuntimeError(f"statuses {r.statuses}: {r.bodies}")
         applied = after.get("radix_soa_router_events_applied_total", 0) - \
             before.get("radix_soa_router_events_applied_total", 0)
+        if opts.event_rate > 0 and applied == 0:
+            raise RuntimeError("the router applied no events while it was measured: the figure "
+                               "would not be one with events streaming")
         return {"routes_per_s": r.rate, "p50_ms": r.p(50) * 1e3, "p99_ms": r.p(99) * 1e3,
                 "events_per_s": applied / (t1 - t0),
                 "batches_per_s": (after.get("radix_soa_router_event_batches_total", 0) -
@@ -238,7 +262,7 @@ def parser():
     ap.add_argument("--capacity", type=int, default=d["capacity"],
                     help="tokens each worker's cache holds")
     ap.add_argument("--event-rate", type=float, default=d["event_rate"],
-                    help="event batches per second per worker")
+                    help="event batches per second per worker (0: none)")
     ap.add_argument("--policy", default=d["policy"])
     ap.add_argument("--repeat", type=int, default=d["repeat"])
     ap.add_argument("--profile", action="store_true", help="also time a route's parts")
@@ -251,6 +275,8 @@ def main(argv=None):
     opts = parser().parse_args(argv)
     if not 0 < opts.prefix <= opts.tokens:
         parser().error("--prefix must be in [1, --tokens]")
+    if not opts.event_rate >= 0:  # NaN too
+        parser().error("--event-rate must be >= 0 (0: no events, the routes alone)")
     if opts.publishers is not None:
         publish(opts.publishers, opts.event_rate, opts.tokens, opts.prefix, opts.families,
                 opts.page_size, opts.capacity, 0)
