@@ -396,6 +396,74 @@ def test_a_restarted_engine_is_seen_and_its_old_pages_dropped(ctx):
     pub.close()
 
 
+def test_a_restart_whose_new_count_passed_the_old_one_is_told_from_a_gap(ctx):
+    # the subscriber reconnects only after the new engine's count passed the
+    # old one's: by the numbers a gap; the replay repeats the last batch
+    # applied with another payload, so it is a restart
+    old, old_batches, _ = engine_batches(6, n=5)
+    new, new_batches, queries = engine_batches(7, n=12)
+    ix = index()
+    pub = WirePublisher(LOCAL, LOCAL, context=ctx)
+    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        assert pub.wait_subscribers(1)
+        for b in old_batches:
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        assert ix.blocks_of("w") == reference(old_batches) != []
+        pub.close()
+        pub = bind_again(pub.endpoint, pub.replay_endpoint, ctx)
+        for b in new_batches[:9]:  # seqs 0..8, past the old 4, sent before anyone listens
+            pub.publish(b, send=False)
+        wait(sub, lambda: pub.wait_subscribers(1, timeout=0.01))
+        for b in new_batches[9:]:
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        s = sub.stats("w")
+        assert s["restarts"] == 1 and s["gaps"] >= 1 and s["errors"] == 0
+        assert ix.blocks_of("w") == reference(new_batches) and ix.status("w") == "exact"
+        assert [ix.overlap(q).tolist() for q in queries] == \
+            [[new.match_length(q)] for q in queries]
+    pub.close()
+
+
+def test_a_gap_replayed_from_the_last_batch_applied_is_no_restart(ctx):
+    # the same engine: the replay repeats the last batch applied as it was
+    pc, batches, queries = engine_batches(8, n=10)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        assert pub.wait_subscribers(1)
+        for i, b in enumerate(batches):
+            pub.publish(b, send=i not in (3, 4, 7))
+            sub.poll_once(0)
+        wait(sub, caught_up(sub, "w", pub))
+        s = sub.stats("w")
+        assert s["restarts"] == 0 and s["gaps"] >= 1 and s["replayed"] >= 3
+        assert ix.blocks_of("w") == reference(batches) and ix.status("w") == "exact"
+        assert [ix.overlap(q).tolist() for q in queries] == [[pc.match_length(q)] for q in queries]
+
+
+def test_a_gap_whose_last_applied_batch_left_the_buffer_degrades_the_worker(ctx):
+    # the replay fills the gap but cannot repeat the last batch applied: a
+    # restart whose count passed the old one cannot be ruled out
+    pc, batches, _ = engine_batches(9, n=8)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, context=ctx, buffer_steps=3) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        assert pub.wait_subscribers(1)
+        for b in batches[:5]:
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        for b in batches[5:7]:
+            pub.publish(b, send=False)  # the buffer: seqs 5, 6, then 7
+        pub.publish(batches[7])
+        wait(sub, caught_up(sub, "w", pub))
+        s = sub.stats("w")
+        assert s["restarts"] == 0 and s["replayed"] == 3 and "ruled out" in s["last_error"]
+        assert "ruled out" in ix.degraded["w"]
+        assert ix.blocks_of("w") == reference(batches) and ix.status("w") == "degraded"
+
+
 def test_a_restart_after_one_batch_is_told_from_a_duplicate_by_its_payload(ctx):
     # the engine dies after its batch 0 and its new stream starts at 0 again:
     # the same seq with another payload is a restart, not a duplicate to skip

@@ -18,7 +18,11 @@ from 0), per worker:
   are cleared (``apply_snapshot(worker, [])``), and the batches before it,
   from 0, are asked of the replay socket;
 - a batch past the next one expected is a gap: the missed ones are asked of
-  the replay socket, the batches arriving meanwhile are held, and all are
+  the replay socket, from the last batch applied on (its payload replayed
+  must be the one applied: another means the engine restarted and its new
+  count passed the old one, handled as a restart below, its new stream
+  asked from 0; a replay no longer holding it marks the worker degraded),
+  the batches arriving meanwhile are held, and all are
   applied in order once the replay ends (its end marker, or
   ``replay_timeout`` seconds of silence; a gap left among the held batches
   is asked for again while replays make progress). A batch the replay
@@ -31,9 +35,7 @@ from 0), per worker:
   new publisher counts from 0 again: the engine restarted and lost its
   cache): the worker's pages are cleared and its stream starts again as
   above. A batch numbered as the last one, with its payload, is a
-  duplicate, skipped. (A
-  restarted engine whose new count has already passed the old one when the
-  subscriber reconnects cannot be told from a gap by the numbers alone.)
+  duplicate, skipped.
 - a malformed frame, payload or event (or one the index refuses: another
   page size, bytes hashes in a ``fast64`` index) is counted in the worker's
   ``errors`` with ``last_error`` naming the worker and seq; the batch is
@@ -140,6 +142,9 @@ class _Feed:
             self.close()
             raise
         self.last = None        # the last seq handled (applied or lost)
+        self.last_payload = None  # its payload (by reference): a replay of it is compared
+        self.verify = None      # while a gap's replay runs: the seq whose payload it must repeat
+        self.unverified = None  # that seq, when the replay no longer held it
         self.high = None        # the highest seq seen on the PUB socket
         self.high_payload = b""  # and its payload: the same seq again with another is a restart
         self.pending = {}       # seq -> payload, held while a replay runs
@@ -468,8 +473,8 @@ class KVEventSubscriber:
                         self._on_pub(feed, frames)
                 except Exception as exc:  # a bug must not stop the feed
                     self._error(feed, None, f"{type(exc).__name__}: {exc}")
-                if feed.worker not in self._feeds:
-                    break
+                if self._by_socket.get(sock) is not entry:
+                    break  # the worker removed, or this replay socket replaced
         if not self._by_socket and timeout_ms:
             self._stop.wait(timeout_ms / 1000)
         now = time.monotonic()
@@ -490,7 +495,7 @@ class KVEventSubscriber:
 
     def _start_stream(self, feed):
         self.index.apply_snapshot(feed.worker, [], seq=0)
-        feed.last = None
+        feed.last = feed.last_payload = feed.unverified = None
 
     def _on_pub(self, feed, frames):
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -528,15 +533,19 @@ class KVEventSubscriber:
             self._apply(feed, seq, payload)  # the index sees the gap: degraded
             return
         feed.pending[seq] = payload
-        if not self._request_replay(feed, expected):
+        # from the last batch applied: the numbers alone cannot tell a gap
+        # from a restarted engine whose new count passed the old one
+        if not self._request_replay(feed, expected if feed.last is None else feed.last,
+                                    verify=feed.last):
             self._finish_replay(feed, False)
 
-    def _request_replay(self, feed, start):
+    def _request_replay(self, feed, start, verify=None):
         try:
             feed.replay.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
         except zmq.Again:
             return False
         feed.replay_start = start
+        feed.verify = verify
         feed.deadline = time.monotonic() + self.replay_timeout
         return True
 
@@ -564,17 +573,48 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[0], "big")
         feed.deadline = time.monotonic() + self.replay_timeout  # it answers: wait on
+        if feed.verify is not None and seq >= feed.verify:
+            # the first reply at or past the batch asked to be repeated
+            verify, feed.verify = feed.verify, None
+            if seq == verify and frames[1] != feed.last_payload:
+                self._restarted_during_gap(feed)
+                return
+            if seq > verify:  # gone from the buffer: judged when the replay ends
+                feed.unverified = verify
         feed.pending.pop(seq, None)
         if feed.last is not None and seq <= feed.last:
             return
         feed.stats["replayed"] += 1
         self._apply(feed, seq, frames[1])
 
+    def _restarted_during_gap(self, feed):
+        """The replay of a gap repeated the last batch applied with another
+        payload: the engine restarted and its new count passed the old one.
+        Its old pages go; its new stream is asked from 0 (the batches held
+        are the new stream's)."""
+        feed.stats["restarts"] += 1
+        self._drop_replay_socket(feed)  # the rest of this reply: not wanted
+        self._start_stream(feed)
+        if not self._request_replay(feed, 0):
+            self._finish_replay(feed, False)
+
+    def _judge_unverified(self, feed):
+        """A gap's replay that no longer held the last batch applied (the
+        one it must repeat) cannot rule out a restart: unless the index
+        already marked the worker degraded (the gap left open), mark it."""
+        verify, feed.unverified = feed.unverified, None
+        if verify is not None and self.index.status(feed.worker) == "exact":
+            msg = (f"worker {feed.worker!r} seq {verify}: the replay no longer holds the last "
+                   "batch applied, so an engine restart cannot be ruled out")
+            feed.stats["last_error"] = msg
+            self.index.mark_degraded(feed.worker, msg)
+
     def _finish_replay(self, feed, answered):
         """Apply the batches held, in order. A gap among them that a replay
         which answered may fill (it moved the stream on: the publisher sent
         more since it was asked) is asked for again."""
         feed.deadline = None
+        feed.verify = None
         held = sorted(feed.pending.items())
         feed.pending = {}
         for i, (seq, payload) in enumerate(held):
@@ -588,9 +628,10 @@ class KVEventSubscriber:
                     return
                 feed.pending = {}
             self._apply(feed, seq, payload)
+        self._judge_unverified(feed)
 
     def _apply(self, feed, seq, payload):
-        feed.last = seq
+        feed.last, feed.last_payload = seq, payload
         st = feed.stats
         st["last_seq"] = seq
         try:
