@@ -426,6 +426,34 @@ def test_a_restart_whose_new_count_passed_the_old_one_is_told_from_a_gap(ctx):
     pub.close()
 
 
+def test_a_restart_whose_new_count_comes_up_to_the_old_one_is_seen_on_the_reconnect(ctx):
+    # the first new batch the subscriber sees is numbered the next one
+    # expected: no gap, but the SUB socket reconnected, so it is checked
+    old, old_batches, _ = engine_batches(10, n=5)
+    new, new_batches, queries = engine_batches(11, n=9)
+    ix = index()
+    pub = WirePublisher(LOCAL, LOCAL, context=ctx)
+    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        assert pub.wait_subscribers(1)
+        for b in old_batches:  # seqs 0..4
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        pub.close()
+        pub = bind_again(pub.endpoint, pub.replay_endpoint, ctx)
+        for b in new_batches[:5]:  # seqs 0..4 of the new stream, unseen
+            pub.publish(b, send=False)
+        wait(sub, lambda: pub.wait_subscribers(1, timeout=0.01))
+        for b in new_batches[5:]:  # from 5: what the subscriber expects next
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        s = sub.stats("w")
+        assert s["reconnects"] == 1 and s["restarts"] == 1 and s["gaps"] == 0
+        assert ix.blocks_of("w") == reference(new_batches) and ix.status("w") == "exact"
+        assert [ix.overlap(q).tolist() for q in queries] == \
+            [[new.match_length(q)] for q in queries]
+    pub.close()
+
+
 def test_a_gap_replayed_from_the_last_batch_applied_is_no_restart(ctx):
     # the same engine: the replay repeats the last batch applied as it was
     pc, batches, queries = engine_batches(8, n=10)

@@ -30,6 +30,9 @@ from 0), per worker:
   leaves the gap to the index,
   which marks the worker degraded (``RouterIndex.status``) and goes on
   applying: the worker stays answerable;
+- the first batch after the PUB socket reconnected (a ZMQ monitor sees
+  its handshakes), even the one expected next, is checked the same way: a
+  restarted engine whose new count came up to the old one shows no gap;
 - a batch numbered below the highest seen on the PUB socket, or numbered
   the highest seen with another payload, is a restart (a
   new publisher counts from 0 again: the engine restarted and lost its
@@ -79,7 +82,7 @@ __all__ = ["KVEventSubscriber", "Endpoint"]
 
 SUB_HWM = 100_000  # vLLM's PUB high-water mark: batches queued before ZMQ drops
 _STATS = ("batches", "events", "skipped", "gaps", "replayed", "replay_timeouts", "restarts",
-          "duplicates", "errors")
+          "duplicates", "errors", "reconnects")
 
 
 class Endpoint(NamedTuple):
@@ -135,7 +138,11 @@ class _Feed:
         self.sub.setsockopt(zmq.RCVHWM, SUB_HWM)
         self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
         self.replay = None
+        self.monitor = None
         try:
+            # the SUB socket's handshakes: one after the first is a reconnect
+            # (a restarted publisher, or the network), told apart by a replay
+            self.monitor = self.sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self.sub.connect(endpoint.pub)
             self._connect_replay()
         except BaseException:
@@ -145,6 +152,7 @@ class _Feed:
         self.last_payload = None  # its payload (by reference): a replay of it is compared
         self.verify = None      # while a gap's replay runs: the seq whose payload it must repeat
         self.unverified = None  # that seq, when the replay no longer held it
+        self.reconnected = False  # a handshake since the last batch applied
         self.high = None        # the highest seq seen on the PUB socket
         self.high_payload = b""  # and its payload: the same seq again with another is a restart
         self.pending = {}       # seq -> payload, held while a replay runs
@@ -173,7 +181,21 @@ class _Feed:
             self.replay.close(0)
             self._connect_replay()
 
+    def handshakes(self):
+        """How many handshakes the SUB socket made since the last call."""
+        n = 0
+        while self.monitor is not None:
+            try:
+                self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+        return n
+
     def close(self):
+        if self.monitor is not None:
+            self.sub.disable_monitor()
+            self.monitor.close(0)
         self.sub.close(0)
         if self.replay is not None:
             self.replay.close(0)
@@ -341,7 +363,8 @@ class KVEventSubscriber:
         """A worker's counts (a new dict): ``batches`` applied, ``events``
         applied, ``skipped`` (another medium or group), ``gaps`` seen,
         ``replayed`` batches, ``replay_timeouts``, ``restarts``,
-        ``duplicates`` (a batch sent again), ``errors``, ``last_seq``
+        ``duplicates`` (a batch sent again), ``errors``, ``reconnects`` (of
+        the SUB socket, each checked by a replay), ``last_seq``
         (the last batch handled), ``last_error``, ``data_parallel_rank``
         and ``ts`` of the last batch applied, ``replaying`` (a replay
         under way); without ``worker``, a dict of every worker's."""
@@ -496,6 +519,7 @@ class KVEventSubscriber:
     def _start_stream(self, feed):
         self.index.apply_snapshot(feed.worker, [], seq=0)
         feed.last = feed.last_payload = feed.unverified = None
+        feed.reconnected = False
 
     def _on_pub(self, feed, frames):
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -505,6 +529,9 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
+        if feed.handshakes() and feed.last is not None:
+            feed.stats["reconnects"] += 1
+            feed.reconnected = True
         if feed.high is not None and (seq < feed.high
                                       or seq == feed.high and payload != feed.high_payload):
             feed.stats["restarts"] += 1
@@ -525,10 +552,13 @@ class KVEventSubscriber:
             feed.pending[seq] = payload
             return
         expected = 0 if feed.last is None else feed.last + 1
-        if seq == expected:
+        verify = feed.reconnected and feed.last is not None and feed.replay is not None
+        feed.reconnected = False
+        if seq == expected and not verify:
             self._apply(feed, seq, payload)
             return
-        feed.stats["gaps"] += 1
+        if seq != expected:
+            feed.stats["gaps"] += 1
         if feed.replay is None:
             self._apply(feed, seq, payload)  # the index sees the gap: degraded
             return
@@ -540,12 +570,12 @@ class KVEventSubscriber:
             self._finish_replay(feed, False)
 
     def _request_replay(self, feed, start, verify=None):
+        feed.verify = verify  # a request that cannot be sent leaves it unverified
         try:
             feed.replay.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
         except zmq.Again:
             return False
         feed.replay_start = start
-        feed.verify = verify
         feed.deadline = time.monotonic() + self.replay_timeout
         return True
 
@@ -599,9 +629,9 @@ class KVEventSubscriber:
             self._finish_replay(feed, False)
 
     def _judge_unverified(self, feed):
-        """A gap's replay that no longer held the last batch applied (the
-        one it must repeat) cannot rule out a restart: unless the index
-        already marked the worker degraded (the gap left open), mark it."""
+        """A replay that did not repeat the last batch applied (no longer
+        held, or no answer) cannot rule out a restart: unless the index
+        already marked the worker degraded (a gap left open), mark it."""
         verify, feed.unverified = feed.unverified, None
         if verify is not None and self.index.status(feed.worker) == "exact":
             msg = (f"worker {feed.worker!r} seq {verify}: the replay no longer holds the last "
@@ -614,7 +644,8 @@ class KVEventSubscriber:
         which answered may fill (it moved the stream on: the publisher sent
         more since it was asked) is asked for again."""
         feed.deadline = None
-        feed.verify = None
+        if feed.verify is not None:  # no reply reached it
+            feed.unverified, feed.verify = feed.verify, None
         held = sorted(feed.pending.items())
         feed.pending = {}
         for i, (seq, payload) in enumerate(held):

@@ -374,7 +374,9 @@ class RouterService:
                                 ("event_batches_total", "batches", "event batches applied"),
                                 ("event_gaps_total", "gaps", "gaps in the batch numbers seen"),
                                 ("event_errors_total", "errors", "malformed batches"),
-                                ("event_restarts_total", "restarts", "publisher restarts seen")):
+                                ("event_restarts_total", "restarts", "publisher restarts seen"),
+                                ("event_reconnects_total", "reconnects",
+                                 "reconnects of the event socket")):
             out += family(p + name, "counter", f"{what}, by worker (subscribed)",
                           [(lab, stats[w].get(key, 0)) for n, w, lab in wl])
         out += family(p + "events_posted_total", "counter", "KV events posted to /events",
