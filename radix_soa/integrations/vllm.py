@@ -518,7 +518,7 @@ class KVEventSubscriber:
 
     def _start_stream(self, feed):
         self.index.apply_snapshot(feed.worker, [], seq=0)
-        feed.last = feed.last_payload = feed.unverified = None
+        feed.last = feed.last_payload = feed.verify = feed.unverified = None
         feed.reconnected = False
 
     def _on_pub(self, feed, frames):
@@ -634,7 +634,7 @@ class KVEventSubscriber:
         already marked the worker degraded (a gap left open), mark it."""
         verify, feed.unverified = feed.unverified, None
         if verify is not None and self.index.status(feed.worker) == "exact":
-            msg = (f"worker {feed.worker!r} seq {verify}: the replay no longer holds the last "
+            msg = (f"worker {feed.worker!r} seq {verify}: the replay did not repeat the last "
                    "batch applied, so an engine restart cannot be ruled out")
             feed.stats["last_error"] = msg
             self.index.mark_degraded(feed.worker, msg)
