@@ -194,7 +194,8 @@ class _Feed:
 
     def close(self):
         if self.monitor is not None:
-            self.sub.disable_monitor()
+            if not self.sub.closed:  # a context destroyed by its owner closed it
+                self.sub.disable_monitor()
             self.monitor.close(0)
         self.sub.close(0)
         if self.replay is not None:
@@ -529,8 +530,9 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
-        if feed.handshakes() and feed.last is not None:
-            feed.stats["reconnects"] += 1
+        reconnects = feed.handshakes()
+        if reconnects and (feed.last is not None or feed.deadline is not None):
+            feed.stats["reconnects"] += reconnects
             feed.reconnected = True
         if feed.high is not None and (seq < feed.high
                                       or seq == feed.high and payload != feed.high_payload):
@@ -550,10 +552,24 @@ class KVEventSubscriber:
             return  # a replay gave it already
         if feed.deadline is not None:
             feed.pending[seq] = payload
+            if feed.reconnected and feed.replay is not None:
+                # the replay under way may be answered by the engine gone:
+                # asked again, of the one now up, from the last batch applied
+                feed.reconnected = False
+                self._drop_replay_socket(feed)
+                if not self._request_replay(feed, 0 if feed.last is None else feed.last,
+                                            verify=feed.last):
+                    self._finish_replay(feed, False)
             return
         expected = 0 if feed.last is None else feed.last + 1
-        verify = feed.reconnected and feed.last is not None and feed.replay is not None
+        verify = feed.reconnected and feed.last is not None
         feed.reconnected = False
+        if verify and feed.replay is None:
+            msg = (f"worker {feed.worker!r} seq {seq}: the event socket reconnected and there "
+                   "is no replay socket to check the stream with: a restart cannot be ruled out")
+            feed.stats["last_error"] = msg
+            self.index.mark_degraded(feed.worker, msg)
+            verify = False
         if seq == expected and not verify:
             self._apply(feed, seq, payload)
             return
