@@ -557,18 +557,15 @@ class KVEventSubscriber:
                 # asked again, of the one now up, from the last batch applied
                 feed.reconnected = False
                 self._drop_replay_socket(feed)
-                if not self._request_replay(feed, 0 if feed.last is None else feed.last,
-                                            verify=feed.last):
-                    self._finish_replay(feed, False)
+                self._replay_from_last_applied(feed)
             return
         expected = 0 if feed.last is None else feed.last + 1
         verify = feed.reconnected and feed.last is not None
         feed.reconnected = False
         if verify and feed.replay is None:
-            msg = (f"worker {feed.worker!r} seq {seq}: the event socket reconnected and there "
-                   "is no replay socket to check the stream with: a restart cannot be ruled out")
-            feed.stats["last_error"] = msg
-            self.index.mark_degraded(feed.worker, msg)
+            self._restart_not_ruled_out(feed, seq, "the event socket reconnected and there is "
+                                        "no replay socket to check the stream with: a restart "
+                                        "cannot be ruled out")
             verify = False
         if seq == expected and not verify:
             self._apply(feed, seq, payload)
@@ -579,9 +576,13 @@ class KVEventSubscriber:
             self._apply(feed, seq, payload)  # the index sees the gap: degraded
             return
         feed.pending[seq] = payload
-        # from the last batch applied: the numbers alone cannot tell a gap
-        # from a restarted engine whose new count passed the old one
-        if not self._request_replay(feed, expected if feed.last is None else feed.last,
+        self._replay_from_last_applied(feed)
+
+    def _replay_from_last_applied(self, feed):
+        """Ask the replay from the last batch applied (from 0 at a stream's
+        start), which it must repeat: the numbers alone cannot tell a gap
+        from a restarted engine whose new count passed the old one."""
+        if not self._request_replay(feed, 0 if feed.last is None else feed.last,
                                     verify=feed.last):
             self._finish_replay(feed, False)
 
@@ -650,10 +651,13 @@ class KVEventSubscriber:
         already marked the worker degraded (a gap left open), mark it."""
         verify, feed.unverified = feed.unverified, None
         if verify is not None and self.index.status(feed.worker) == "exact":
-            msg = (f"worker {feed.worker!r} seq {verify}: the replay did not repeat the last "
-                   "batch applied, so an engine restart cannot be ruled out")
-            feed.stats["last_error"] = msg
-            self.index.mark_degraded(feed.worker, msg)
+            self._restart_not_ruled_out(feed, verify, "the replay did not repeat the last batch "
+                                        "applied, so an engine restart cannot be ruled out")
+
+    def _restart_not_ruled_out(self, feed, seq, why):
+        msg = f"worker {feed.worker!r} seq {seq}: {why}"
+        feed.stats["last_error"] = msg
+        self.index.mark_degraded(feed.worker, msg)
 
     def _finish_replay(self, feed, answered):
         """Apply the batches held, in order. A gap among them that a replay
