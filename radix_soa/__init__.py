@@ -25,10 +25,8 @@ from ._input.batch import Batch, csr, pack
 from ._input.dedup import first_occurrence
 from ._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
                                 event_from_dict)
-from ._serving import Request
-from ._serving_batch import BatchBegin, BatchFinished, RequestBatch
 from .radix_cache import RadixCache
-from .prefix_cache import PrefixCache
+from .prefix_cache import BatchBegin, BatchFinished, PrefixCache, Request, RequestBatch
 from .router_index import RouterIndex
 
 __version__ = "0.2.0.dev0"

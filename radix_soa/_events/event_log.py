@@ -16,17 +16,16 @@ the next call) the events of a take whose return an exception cut off.
 
 The cache's calls pass ``ev`` (``EventLog.ev``, or None with events off)
 to the same kernels; the tests check that a cache with events behaves
-exactly as one without.
+exactly as one without. What reads the cache's own arrays for its events
+(a snapshot, the room a call's log needs, a dropped namespace) is the
+prefix cache's (``radix_soa.prefix_cache.events``).
 """
 
 import numpy as np
 
 from .._tree import storage
 from .block_hash import block_hashes
-from .._kernels import prefix as prefix_kernels
-from .._kernels import snapshot as snapshot_kernels
 from .._kernels.chain import REC_REMOVED, REC_STORED
-from .._kernels.layout import M_INFLIGHT, M_LOCKED_TOKENS, M_TOKENS
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, namespace_seed
 
 
@@ -60,14 +59,13 @@ class EventLog:
         self.seeds = np.empty(0, np.uint64)
         self.seeded = None  # the namespace key list ``seeds`` was built from
 
-    def ev(self, cache, size):
+    def ev(self, s, keys, size):
         """The ``ev`` tuple kernels take, with room for ``size`` more slots
-        of records. Call under the cache's lock, after ``_root`` numbered
-        the namespace."""
-        s = cache._s
+        of records, for a cache whose storage is ``s`` and whose namespace
+        keys (by number) are the list ``keys``. Call under the cache's lock,
+        after the cache numbered the namespace."""
         if self.scratch.shape[0] < s.start.shape[0]:
             self.scratch = np.empty(s.start.shape[0], np.int32)
-        keys = cache._ns_keys
         if self.seeded is not keys or self.seeds.shape[0] != len(keys):
             self.seeds = np.array([namespace_seed(k) for k in keys], np.uint64)
             self.seeded = keys
@@ -148,58 +146,3 @@ class EventLog:
             else:  # pragma: no cover - a kernel wrote a record this code does not know
                 raise AssertionError(f"event log record kind {kind} at {w}")
         return events
-
-
-def snapshot(pc, seed):
-    """``PrefixCache.snapshot_events``: every cached page of ``pc`` as
-    ``BlockStored`` runs, one per node, parents first (call under the
-    cache's lock). ``seed``: vLLM's ``NONE_HASH`` for ``sha256_cbor``
-    hashes, None for ``fast64``."""
-    s = pc._s
-    keys = pc._ns_keys
-    seeds = np.array([namespace_seed(k) for k in keys], np.uint64)
-    page = pc._page
-    nodes, ns, has_parent, parents, first, hashes = snapshot_kernels.snapshot_runs(s.arrays, seeds, page)
-    tokens, start, length = s.tokens, s.start, s.length
-    hashes = hashes.tolist()
-    parents = parents.tolist()
-    last = {}  # sha256_cbor: the 64-bit hash of a node's last page -> its 32-byte hash
-    events = []
-    for i, v in enumerate(nodes.tolist()):
-        a = int(start[v])
-        run = tokens[a:a + int(length[v])].tolist()
-        key = keys[ns[i]] if 0 <= ns[i] < len(keys) else int(ns[i])
-        block, parent = hashes[first[i]:first[i + 1]], parents[i] if has_parent[i] else None
-        if seed is not None:
-            vparent = last[parent] if parent is not None else None
-            vblock = block_hashes(run, page, vparent, key, seed)
-            last[block[-1]] = vblock[-1]
-            block, parent = vblock, vparent
-        events.append(BlockStored(block, parent, run, page,
-                                  lora_id=key if type(key) is int and key != 0 else None,
-                                  lora_name=key if isinstance(key, str) else None))
-    return events
-
-
-# ---------------------------------------------------------------- room in the log
-
-def begin_log_size(pc, capacity, need):
-    """Room the log of a ``begin`` reserving ``need`` tokens needs (it
-    evicts only with ``count_inflight`` under a capacity)."""
-    if capacity < 0:
-        return 8
-    meta = pc._s.meta
-    page = pc._page
-    excess = max(0, int(meta[M_TOKENS] + meta[M_INFLIGHT]) - capacity)
-    bound = min(-(-(need + excess) // page) * page, int(meta[M_TOKENS] - meta[M_LOCKED_TOKENS]))
-    return 4 * (max(bound, 0) // page) + 8
-
-
-def drop_subtree(pc, root, order, out, keep):
-    """The kernel of ``drop_namespace`` with events (under the lock)."""
-    s = pc._s
-    total = int(s.length[order].astype(np.int64).sum())
-    ev = pc._events.ev(pc, 3 * order.shape[0] + total // pc._page + 8)
-    return prefix_kernels.drop_subtree(s.directory, s.like, root, order, pc._page, out, keep, ev)
-
-
