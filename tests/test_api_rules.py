@@ -191,19 +191,31 @@ def test_the_storage_declares_each_array_it_publishes():
     assert not declared & set(vars(TreeStorage))  # annotations only: no class attributes
 
 
-def test_the_serving_mixin_declares_without_defining():
-    """``ServingMixin`` declares what it uses of ``PrefixCache`` for type
-    checkers only: none of it is a class attribute that could shadow
-    ``TreeCache``'s (later in the method resolution order)."""
+def test_the_prefix_cache_binds_its_features_without_mixins():
+    """``PrefixCache`` is one class over ``TreeCache`` whose methods are
+    functions of its package's feature modules, bound in ``core``: no
+    mixin anywhere in the package, and nothing declared twice."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import radix_soa
     from radix_soa import PrefixCache
     from radix_soa._tree.base import TreeCache
-    from radix_soa._serving import ServingMixin
 
-    declared = set(ServingMixin.__annotations__)
-    assert {"_s", "_lock", "_events"} <= declared
-    assert not declared & set(vars(ServingMixin))
-    for name in ("_writable", "_drain_readers", "lock", "_root", "total_tokens"):
-        assert name not in vars(ServingMixin)
+    assert PrefixCache.__bases__ == (TreeCache,)
+    package = Path(radix_soa.__file__).parent
+    classes = [n.name for p in package.rglob("*.py")
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)]
+    assert not [c for c in classes if c.endswith("Mixin")]
+    bound = {name: v for name, v in vars(PrefixCache).items()
+             if inspect.isfunction(getattr(v, "__func__", v))}
+    homes = {getattr(v, "__func__", v).__module__ for v in bound.values()}
+    assert homes >= {"radix_soa.prefix_cache.lookup", "radix_soa.prefix_cache.mutation",
+                     "radix_soa.prefix_cache.lifecycle", "radix_soa.prefix_cache.batch_lifecycle"}
+    assert all(h.startswith("radix_soa.prefix_cache.") for h in homes), homes
+    for name, v in bound.items():  # each bound under the name it was defined with
+        assert getattr(v, "__func__", v).__name__ == name, name
     assert PrefixCache._writable is TreeCache._writable
     assert PrefixCache._drain_readers is TreeCache._drain_readers
 

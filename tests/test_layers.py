@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 import radix_soa as rs
-from radix_soa._kernels import config, kernel_source_hash, layout
+from radix_soa._kernels import config, kernel_modules, kernel_source_hash, layout
 
 PACKAGE = Path(rs.__file__).resolve().parent
 DESIGN = PACKAGE.parent / "docs" / "design.md"
@@ -62,14 +62,26 @@ def package_modules():
     return out
 
 
-def imports_of(module, path):
+def _type_checking_blocks(tree):
+    """The ``if TYPE_CHECKING:`` blocks of a module (imports for type
+    checkers only: they never run)."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.If)
+            and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")]
+
+
+def imports_of(module, path, runtime=False):
     """Every radix_soa module ``module`` imports, anywhere in the file (a
-    lazy import inside a function counts too)."""
+    lazy import inside a function counts too); ``runtime``: only those that
+    run (not under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(path.read_text())
     is_pkg = path.name == "__init__.py"
     base = module.split(".") if is_pkg else module.split(".")[:-1]
     found = set()
+    skipped = {id(n) for block in _type_checking_blocks(tree) for n in ast.walk(block)} \
+        if runtime else set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("radix_soa"))
         elif isinstance(node, ast.ImportFrom):
@@ -87,6 +99,10 @@ def imports_of(module, path):
 
 MODULES = package_modules()
 GRAPH = {m: imports_of(m, p) for m, p in MODULES.items()}
+#: the imports that run: a feature module of a class package imports its
+#: class under ``if TYPE_CHECKING:`` only (for its ``self`` annotation), and
+#: the class imports the feature module: not a cycle at run time
+RUNTIME_GRAPH = {m: imports_of(m, p, runtime=True) for m, p in MODULES.items()}
 
 
 def test_the_layer_table_is_read_and_names_only_paths_that_exist():
@@ -153,8 +169,8 @@ def test_no_import_cycles():
 
     def visit(m, stack):
         state[m] = "open"
-        for dep in GRAPH.get(m, ()):
-            if dep == "radix_soa" or dep not in GRAPH:
+        for dep in RUNTIME_GRAPH.get(m, ()):
+            if dep == "radix_soa" or dep not in RUNTIME_GRAPH:
                 continue
             if state.get(dep) == "open":
                 raise AssertionError(f"import cycle: {' -> '.join(stack + [m, dep])}")
@@ -162,7 +178,7 @@ def test_no_import_cycles():
                 visit(dep, stack + [m])
         state[m] = "done"
 
-    for m in GRAPH:
+    for m in RUNTIME_GRAPH:
         if m not in state:
             visit(m, [])
 
@@ -171,6 +187,24 @@ def test_every_kernel_lives_in_the_kernel_package():
     outside = [m for m, p in MODULES.items()
                if layer_of(m) != "kernels" and ("njit" in p.read_text() or "from numba" in p.read_text())]
     assert outside == []
+
+
+def kernel_list():
+    """The kernel modules, bottom up, as the kernels row of the layer table
+    lists them (the one list: ``one module per job (`notice`, ...)``)."""
+    row = DESIGN.read_text().split("\n| kernels |", 1)[1].split("\n", 1)[0]
+    listed = row[row.index("one module per job ("):]
+    return re.findall(r"`(\w+)`", listed[:listed.index(")")])
+
+
+def test_the_layer_table_lists_every_kernel_module_in_import_order():
+    order = kernel_list()
+    assert sorted(order) == kernel_modules() and len(set(order)) == len(order), order
+    for name in order:
+        deps = {d.split(".")[2] for d in GRAPH[f"radix_soa._kernels.{name}"]
+                if d.startswith("radix_soa._kernels.")}
+        later = [d for d in deps if order.index(d) >= order.index(name)]
+        assert later == [], f"_kernels/{name} imports {later}, listed after it"
 
 
 def test_kernel_modules_stay_small():
@@ -234,10 +268,18 @@ def test_the_suite_compiles_into_a_cache_keyed_by_the_kernel_sources():
 
 #: Writers that open the lock inline (``with self._lock:`` and the reader
 #: wait), for the per-call cost; every other writer uses ``self._writing``.
-INLINE_WRITERS = {("radix_cache", "insert"), ("prefix_cache", "insert"),
-                  ("prefix_cache", "match"), ("prefix_cache", "_lock_handle"),
-                  ("prefix_cache", "evict"), ("_serving", "begin"), ("_serving", "abort"),
-                  ("_serving", "_transition")}
+INLINE_WRITERS = {("radix_cache", "insert"), ("prefix_cache/mutation", "insert"),
+                  ("prefix_cache/lookup", "match"), ("prefix_cache/handles", "_lock_handle"),
+                  ("prefix_cache/mutation", "evict"), ("prefix_cache/lifecycle", "begin"),
+                  ("prefix_cache/lifecycle", "abort"), ("prefix_cache/lifecycle", "_transition")}
+
+
+def writer_modules():
+    """``name``s (paths under the package, no suffix) of the modules whose
+    functions may write under a cache's lock: the product's and the tree base."""
+    names = [MODULES[m].relative_to(PACKAGE).with_suffix("").as_posix() for m in MODULES
+             if layer_of(m) == "product"]
+    return sorted(names) + ["_tree/base"]
 
 
 def test_every_writing_lock_waits_for_gil_free_readers():
@@ -253,7 +295,7 @@ def test_every_writing_lock_waits_for_gil_free_readers():
                "__enter__", "_column", "snapshot_events", "status", "degraded",
                "overlap_report", "_total_bytes"}
     seen = set()
-    for name in ("radix_cache", "prefix_cache", "_serving", "router_index", "_tree/base"):
+    for name in writer_modules():
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or fn.name in reading:
@@ -270,3 +312,54 @@ def test_every_writing_lock_waits_for_gil_free_readers():
                         f"{name}.{fn.name} writes under the lock without waiting for readers"
                     seen.add((name, fn.name))
     assert seen == INLINE_WRITERS
+
+
+def room_retries():
+    """``(module, line, fast, retry)`` of every inline fast kernel call
+    followed by its ``ROOM`` retry outside the kernels::
+
+        status, ... = kernel(args)              # the fast call
+        if status == ROOM:
+            status, ... = s.run(lambda: kernel(args))
+
+    ``fast`` and ``retry`` are the two assignments (None when the statement
+    before the ``if`` is no call)."""
+    found = []
+    for m, path in MODULES.items():
+        if layer_of(m) == "kernels":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                stmts = getattr(node, field, None)
+                if not isinstance(stmts, list):
+                    continue
+                for i, st in enumerate(stmts):
+                    if not (isinstance(st, ast.If) and isinstance(st.test, ast.Compare)
+                            and isinstance(st.test.ops[0], ast.Eq)
+                            and ast.unparse(st.test.comparators[0]) == "ROOM"):
+                        continue
+                    fast = stmts[i - 1] if i else None
+                    if not (isinstance(fast, ast.Assign) and isinstance(fast.value, ast.Call)):
+                        fast = None
+                    found.append((m, st.lineno, fast, st.body[0]))
+    return found
+
+
+def test_each_room_retry_passes_the_arguments_of_its_fast_call():
+    # The hot single calls run their kernel inline (a ``call(kernel, *args)``
+    # helper measured 1.17-1.38x slower on 1-2 us calls) and, after ``ROOM``,
+    # again through ``TreeStorage.run``: the two must be the same call.
+    retries = room_retries()
+    assert len(retries) >= 5, retries  # match, insert, begin, the transitions, RadixCache.insert
+    for m, line, fast, retry in retries:
+        where = f"{m} line {line}"
+        assert fast is not None, f"{where}: no kernel call right before the ROOM test"
+        assert isinstance(retry, ast.Assign) and isinstance(retry.value, ast.Call) \
+            and isinstance(retry.value.func, ast.Attribute) and retry.value.func.attr == "run" \
+            and isinstance(retry.value.args[0], ast.Lambda), \
+            f"{where}: the retry is not `... = s.run(lambda: kernel(...))`"
+        again = retry.value.args[0].body
+        assert ast.dump(again) == ast.dump(fast.value), \
+            f"{where}: the retry calls {ast.unparse(again)}, the fast call {ast.unparse(fast.value)}"
+        assert [ast.dump(t) for t in retry.targets] == [ast.dump(t) for t in fast.targets], where

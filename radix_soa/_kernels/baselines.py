@@ -9,6 +9,9 @@ the root), ``term`` uint8 bitmap, ``table`` int32 keyed by (parent, token),
 of the distinct sequences back to back, ``offs`` int64 offsets, ``table``
 int32 sequence ids keyed by a hash of the whole sequence, ``meta`` (``SET_*``).
 All allocated by the classes; kernels never allocate.
+
+Call graph (callers after their callees): the array baselines' kernels
+(token trie, sequence hash set)
 """
 
 import numpy as np

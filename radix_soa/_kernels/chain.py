@@ -24,6 +24,9 @@ path of a node being removed (a walk up the parents, hashed top down; a path
 longer than ``scratch`` falls back to walks from the node), ``seeds`` uint64
 per namespace number. Kernels take ``ev=None`` when events are off and never
 look at it then.
+
+Call graph (callers after their callees): page_content -> page_hash ->
+chain_hashes, log_stored, log_removed (the KV event log)
 """
 
 import numpy as np

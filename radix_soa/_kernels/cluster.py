@@ -15,6 +15,11 @@ worker exactly as ``replay_run`` does under FCFS without a host tier (match,
 make room, insert), then queue its service time on the worker's earliest
 free slot. After the room checks nothing can stop a request, so the state
 between calls is just the request cursor.
+
+Call graph (callers after their callees): prefix_hashes; the event heap
+(ev_push, ev_pop) -> retire; least_loaded, shortest_queue ->
+cache_aware_pick, kv_overlap_pick; approx_insert, approx_evict, serve ->
+cluster_run (tree_at per worker row)
 """
 
 import numpy as np

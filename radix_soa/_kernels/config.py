@@ -11,6 +11,9 @@ back to plain ``njit(cache=True)``, which is correct, only slower per call.
 for ``prange`` loops, ``kernel_nogil`` for the replay (sweeps run replays on
 threads), ``kernel_scratch`` for GIL-free loops that allocate scratch of their
 own (the grouped batch descents).
+
+Call graph (callers after their callees): the decorators (kernel,
+kernel_alloc, kernel_parallel, kernel_nogil, kernel_scratch)
 """
 
 from typing import Any

@@ -9,6 +9,11 @@ Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
 The single-query entries ``exists_at``/``match_at`` take the directory ``D``
 instead (see ``directory``: one argument in place of six).
+
+Call graph (callers after their callees): common -> descend -> exists_one,
+match_one; settle, refill -> descend_lanes (GROUP queries interleaved,
+prefetched) -> exists_batch(_parallel), match_batch(_parallel);
+descend_group (a group's descents, for radix_insert_batch)
 """
 
 import numpy as np

@@ -16,6 +16,10 @@ Building an array from an address uses Numba's intrinsic API and
 used only when ``HAS_DIRECTORY`` (it imports), and otherwise the storage
 passes the plain tuple ``T`` as ``D`` (``tree_at`` returns a tuple as is),
 which is correct, only slower per call.
+
+Call graph (callers after their callees): fill_directory -> directory_of
+(the directory of a tree, for the storage); tree_at (``T`` rebuilt inside
+an entry kernel, inlined; called by every entry kernel that takes ``D``)
 """
 
 import numpy as np

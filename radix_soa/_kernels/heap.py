@@ -15,7 +15,12 @@ one sift, later, and only for a leaf that reaches the top). A key that falls
 
 Arrays: ``heap`` and ``hpos`` int32 per node, ``stamp`` and ``hkey`` int64
 per node, ``meta[M_HEAP_SIZE]`` the entries in use (all allocated by
-storage)."""
+storage).
+
+Call graph (callers after their callees): heap_less -> sift_up/sift_down ->
+heap_push, heap_remove, heap_top (a stale top moved down first), rekey ->
+touch, touch_insert
+"""
 
 from .config import kernel
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,

@@ -4,6 +4,9 @@ A stored sequence's id is the id of the node it ends at (its terminal). That
 id never changes while the sequence is stored: a split keeps the lower part's
 id, a merge the child's, compaction and save/load keep every node id. Ids of
 removed sequences may be reused by later inserts.
+
+Call graph (callers after their callees): ids_one -> ids_batch (sequence
+ids); sequence_of
 """
 
 import numpy as np

@@ -34,6 +34,9 @@ gen        uint32  handle generation, bumped when the id is freed
 own        int32   locks taken on the node itself (prefix cache)
 meta       int64   counters, indexed by the ``M_*`` slots
 =========  ======  =========================================================
+
+Call graph (callers after their callees): Tree fields and index constants,
+meta slots, load limit, statuses
 """
 
 from collections import namedtuple

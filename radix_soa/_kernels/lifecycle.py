@@ -9,6 +9,10 @@ and what the transition returned can be recomputed from ``st`` and the
 ``out`` it filled. Statuses
 as everywhere (``layout``); after ``ROOM``, ``FULL``, ``LIMIT`` or
 ``STALE`` nothing changed.
+
+Call graph (callers after their callees): begin_at, checkpoint_at, finish_at
+(the request transitions on T) -> req_begin, req_checkpoint, req_finish,
+req_abort
 """
 
 from .config import kernel

@@ -19,6 +19,10 @@ Request states are rows of ``states`` (``rows`` empty) or, with the
 directory, at the addresses in ``rows`` (requests begun apart, whose state
 rows lie in different blocks), so every state is written in the same call
 as the tree.
+
+Call graph (callers after their callees): row_at (a request's state row);
+the per-request checks -> req_begin_batch, req_cache_batch (a scheduler
+step, all or nothing: _undo from a copy)
 """
 
 import numpy as np

@@ -6,6 +6,11 @@ kernels read queries as int64 (``q`` / ``flat`` + ``offsets``) and values as
 int64 (``vals``, ignored when the tree keeps none). A split keeps the
 existing id for the lower part (its children, their table entries and
 handles stay valid) and gives the upper part a new id.
+
+Call graph (callers after their callees): alloc_node, free_node, new_root;
+copy_run; split, new_leaf -> extend -> insert_one -> radix_insert;
+descend_group, descend, extend -> radix_insert_batch; set_terminal; unlink,
+merge_room, merge_into_child -> remove_one
 """
 
 import numpy as np

@@ -7,6 +7,9 @@ prints nothing.
 It listens to Numba's compile events (``numba.core.event``, documented as
 Numba's event API), only when this Numba has them; without them nothing is
 printed and nothing else changes (``install`` returns False).
+
+Call graph (callers after their callees): the one line printed before the
+first kernel compiles
 """
 
 import os

@@ -10,6 +10,9 @@ changes no result. Numba's public ``intrinsic`` API builds it; where the
 internals it needs are missing (``HAS_PREFETCH`` False) ``prefetch`` is a
 kernel that does nothing, so kernels stay correct, only slower on trees
 past the cache.
+
+Call graph (callers after their callees): prefetch (a cache hint; an
+intrinsic)
 """
 
 from .config import kernel

@@ -8,6 +8,11 @@ place in the LRU heap. Entry kernels (``pc_*_one``, ``pc_match_batch``,
 changes them together with the tree. Values are int64 per token (``vals``
 in, ``out`` for matched or freed values: caller-allocated, at least as long
 as the call may write; ignored when the tree keeps no values).
+
+Call graph (callers after their callees): pc_match -> pc_match_one,
+pc_match_batch; path_values; path_unlocked, room_needed, evict_keeping
+(pc_lock, pc_evict) -> insert_capped -> pc_insert_one; pc_evict ->
+pc_evict_one
 """
 
 from .chain import log_removed, log_stored

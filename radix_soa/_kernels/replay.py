@@ -8,6 +8,10 @@ request right there (the path stays locked while room is made). The loop is
 resumable: when a tree needs room it returns ``ROOM`` (the need is in that
 tree's meta), Python grows it and calls again, and the per-request phase
 kept in ``state`` says where to go on.
+
+Call graph (callers after their callees): lex_less -> dfs_order; lpm_pick;
+host_store (insert_capped); request_of -> replay_run (pc_match, room_needed,
+pc_lock, heap_top, pc_evict, extend)
 """
 
 from .config import kernel, kernel_nogil

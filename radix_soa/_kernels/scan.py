@@ -1,4 +1,7 @@
-"""Scans of input arrays that NumPy would need several passes for."""
+"""Scans of input arrays that NumPy would need several passes for.
+
+Call graph (callers after their callees): count_zero_one (input checks)
+"""
 
 from .config import kernel
 

@@ -2,6 +2,10 @@
 one run per node, parents before children, each page hashed as the event
 log hashes it (``chain.page_hash`` from the namespace's seed), so the
 snapshot's block hashes are those ``take_events`` gave for the same pages.
+
+Call graph (callers after their callees): snapshot_runs (children_csr,
+page_hash): a prefix cache's pages as stored runs, parents first
+(PrefixCache.snapshot_events)
 """
 
 import numpy as np

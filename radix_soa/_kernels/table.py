@@ -13,6 +13,11 @@ once its node's ``parent`` and first page are compared (``is_child``; a
 false candidate is one probe step in 2^32): the descent reads that node's
 span there anyway. Keys are mixed with splitmix64 in pure uint64
 arithmetic (Numba's hash of an int is the int itself).
+
+Call graph (callers after their callees): mix64, key_hash, tag_of ->
+entry_of, retarget, child_tagged, is_child, tag_scan -> probe_on ->
+find_child; node_hash -> table_put, table_slot, table_delete_slot,
+table_rebuild; term bitmap; has_room, need_room
 """
 
 import numpy as np

@@ -1,6 +1,10 @@
 """A JSON array of integers read from bytes: the router service's request
 bodies carry tokens as one, and reading it here costs about a microsecond
-per kilobyte where ``json.loads`` builds a Python int per token."""
+per kilobyte where ``json.loads`` builds a Python int per token.
+
+Call graph (callers after their callees): skip_space -> int_list (a JSON
+array of integers: the router service's tokens)
+"""
 
 from .config import kernel
 

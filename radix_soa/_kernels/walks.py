@@ -3,6 +3,9 @@
 These kernels allocate their own scratch and result arrays (so they keep
 Numba's reference counting); none of them changes the tree's arrays except
 through the new arrays the caller hands in.
+
+Call graph (callers after their callees): children_csr -> compact_spans;
+sorted_children, dfs_terminals -> collect_sequences
 """
 
 import numpy as np

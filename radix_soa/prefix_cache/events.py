@@ -3,7 +3,7 @@
 (a snapshot's runs, the room a call's log needs, ``drop_namespace`` with
 events). The queue itself is ``radix_soa._events.event_log.EventLog``."""
 
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def snapshot(pc: "PrefixCache", seed):
     tokens, start, length = s.tokens, s.start, s.length
     hashes = hashes.tolist()
     parents = parents.tolist()
-    last = {}  # sha256_cbor: the 64-bit hash of a node's last page -> its 32-byte hash
+    last: Dict[int, Any] = {}  # sha256_cbor: the 64-bit hash of a node's last page -> its 32-byte hash
     events = []
     for i, v in enumerate(nodes.tolist()):
         a = int(start[v])
@@ -148,7 +148,9 @@ def drop_subtree(pc: "PrefixCache", root, order, out, keep):
     """The kernel of ``drop_namespace`` with events (under the lock)."""
     s = pc._s
     total = int(s.length[order].astype(np.int64).sum())
-    ev = pc._events.ev(s, pc._ns_keys, 3 * order.shape[0] + total // pc._page + 8)
+    log = pc._events
+    assert log is not None  # called with events on only
+    ev = log.ev(s, pc._ns_keys, 3 * order.shape[0] + total // pc._page + 8)
     return prefix_kernels.drop_subtree(s.directory, s.like, root, order, pc._page, out, keep, ev)
 
 
