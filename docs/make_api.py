@@ -6,12 +6,15 @@
 Each public module of the reference lists its public names (``__all__``,
 else the names without a leading underscore defined there) with their
 signatures and the first paragraph of their docstrings; classes list their
-public methods and properties the same way. ``tests/test_docs_api.py``
-checks that the committed page is what this script writes.
+public methods and properties the same way. A numpydoc ``Parameters``
+section of a docstring is carried too, as a list under its name.
+``tests/test_docs_api.py`` checks that the committed page is what this
+script writes.
 """
 
 import importlib
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +40,37 @@ def first_paragraph(obj):
     doc = inspect.getdoc(obj) or ""
     para = doc.split("\n\n", 1)[0].strip()
     return " ".join(para.split())
+
+
+def parameters(obj):
+    """``[(name, type, description), ...]`` of the numpydoc ``Parameters``
+    section of ``obj``'s docstring (empty without one)."""
+    doc = inspect.getdoc(obj) or ""
+    head = re.search(r"^Parameters\n-{3,}\n", doc, re.M)
+    if head is None:
+        return []
+    out = []
+    for line in doc[head.end():].splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(" "):  # the description of the last name
+            if out:
+                out[-1][2].append(line.strip())
+            continue
+        if re.fullmatch(r"-{3,}", line):  # the next section's underline: its title was no name
+            out.pop()
+            break
+        name, colon, kind = line.partition(" : ")
+        if not (colon or re.fullmatch(r"[*\w]+", line)):
+            break  # prose after the section
+        out.append((name.strip(), kind.strip(), []))
+    return [(name, kind, " ".join(words)) for name, kind, words in out]
+
+
+def parameter_lines(obj, indent):
+    """The ``Parameters`` of ``obj`` as Markdown list items under ``indent``."""
+    return [f"{indent}- `{name}`" + (f" ({kind})" if kind else "") + (f": {doc}" if doc else "")
+            for name, kind, doc in parameters(obj)]
 
 
 def _default(value):
@@ -83,18 +117,19 @@ def members(cls):
         if name.startswith("_") and name not in ("__len__", "__contains__", "__iter__"):
             continue
         if isinstance(value, property):
-            out.append((name, "", first_paragraph(value), "property"))
+            out.append((name, "", first_paragraph(value), "property", value))
         elif isinstance(value, (staticmethod, classmethod)):
             func = value.__func__
-            out.append((name, signature(func), first_paragraph(func), type(value).__name__))
+            out.append((name, signature(func), first_paragraph(func), type(value).__name__,
+                        func))
         elif inspect.isfunction(value):
-            out.append((name, signature(value), first_paragraph(value), "method"))
+            out.append((name, signature(value), first_paragraph(value), "method", value))
     return out
 
 
 def mixin_members(cls):
-    """Members of ``cls`` and of its bases defined in radix_soa (mixins, the
-    shared tree base), each once, the class's own first."""
+    """Members of ``cls`` and of its bases defined in radix_soa (the shared
+    tree base), each once, the class's own first."""
     seen, out = set(), []
     for klass in cls.__mro__:
         if not klass.__module__.startswith("radix_soa"):
@@ -110,7 +145,8 @@ def render():
     lines = ["# API reference", "",
              "Generated from the docstrings by `python docs/make_api.py` (do not edit: "
              "`tests/test_docs_api.py` checks it is current). Each name links its signature "
-             "and the first paragraph of its docstring; the docstrings hold the examples.", ""]
+             "and the first paragraph of its docstring, and lists its parameters when the "
+             "docstring has a `Parameters` section; the docstrings hold the examples.", ""]
     for modname, what in MODULES:
         module = importlib.import_module(modname)
         lines += [f"## `{modname}`", "", f"{what[0].upper()}{what[1:]}.", ""]
@@ -121,13 +157,17 @@ def render():
                 continue
             if inspect.isclass(obj):
                 lines += ["", f"### `{name}{signature(obj)}`", "", first_paragraph(obj), ""]
-                for mname, sig, doc, kind in mixin_members(obj):
+                if parameters(obj):
+                    lines += ["Parameters:", ""] + parameter_lines(obj, "") + [""]
+                for mname, sig, doc, kind, member in mixin_members(obj):
                     head = f"`{mname}`" if kind == "property" else f"`{mname}{sig}`"
                     tag = f" ({kind})" if kind in ("property", "classmethod", "staticmethod") else ""
                     lines.append(f"- {head}{tag}: {doc}" if doc else f"- {head}{tag}")
+                    lines += parameter_lines(member, "  ")
                 lines.append("")
             elif callable(obj):
                 lines += [f"- `{name}{signature(obj)}`: {first_paragraph(obj)}"]
+                lines += parameter_lines(obj, "  ")
             else:
                 lines += [f"- `{name}`: {type(obj).__name__}"]
         lines.append("")

@@ -47,9 +47,7 @@ def begin_batch(self: "PrefixCache", batch: BatchLike, *, namespace: Namespace =
                 priority: int = 0, out: Optional[np.ndarray] = None) -> BatchBegin:
     """``begin`` of every sequence of ``batch`` (anything ``pack``
     takes: lists, a 2-D array, Arrow, a ``(flat, offsets)`` pair), in
-    order, in one call: ``BatchBegin(requests, cached)``. ``reserve``:
-    None (each request's uncached tokens), one int for all, or one per
-    request. All or nothing: a request that cannot be admitted
+    order, in one call: ``BatchBegin(requests, cached)``. All or nothing: a request that cannot be admitted
     (``CacheFullError``, ``OverflowError``) raises and no request of the
     batch is begun; nothing changed.
 
@@ -59,6 +57,21 @@ def begin_batch(self: "PrefixCache", batch: BatchLike, *, namespace: Namespace =
     writable int64 array at least as long as the batch's tokens, e.g. a
     scheduler's token-to-slot table, that receives each request's
     matched values at its sequence's offset, in the same call.
+
+    Parameters
+    ----------
+    batch : batch of token sequences
+        The requests' tokens, one sequence per request.
+    namespace : int, str or None
+        Where every request matches (None: the default namespace).
+    reserve : None, int or sequence of int
+        Tokens each request holds in flight with ``count_inflight=True``:
+        None (each request's uncached tokens), one int for all, or one per
+        request.
+    priority : int
+        Of the requests' inserts (see ``insert``).
+    out : int64 array or None
+        Receives each request's matched values at its sequence's offset.
 
     >>> from radix_soa import PrefixCache
     >>> pc = PrefixCache(); _ = pc.insert([1, 2, 3], values=[7, 8, 9])

@@ -48,8 +48,20 @@ def insert(self: "PrefixCache", tokens: TokenSequence, values: Optional[TokenSeq
     handle of the node the sequence ends at. ``evicted``: what making room
     under ``capacity`` freed, as an ``EvictResult``. Raises
     ``CacheFullError`` (changing nothing) when locked tokens leave no room.
-    ``priority``: the request's priority (``eviction_policy="priority"``:
-    a node keeps the highest priority of the inserts that reached it).
+
+    Parameters
+    ----------
+    tokens : sequence of int
+        The sequence to cache; only its whole pages are.
+    values : sequence of int or None
+        One value per token (its KV slot), or for the whole pages only;
+        None for a cache without values.
+    namespace : int, str or None
+        Where to cache (None: the default namespace); a new namespace is
+        created by its first insert.
+    priority : int
+        The request's priority (``eviction_policy="priority"``: a node
+        keeps the highest priority of the inserts that reached it).
     """
     s = self._s
     if type(priority) is not int or priority:
@@ -99,6 +111,18 @@ def insert_batch(self: "PrefixCache", batch: BatchLike, values: BatchLike = None
     or None for a cache without values. An empty batch creates no
     namespace; a batch whose every sequence is refused still does.
     Everything is validated before anything is inserted.
+
+    Parameters
+    ----------
+    batch : batch of token sequences
+        Anything ``pack`` takes: lists, a 2-D array, Arrow, a ``(flat,
+        offsets)`` pair.
+    values : batch of int sequences or None
+        One value per token of every sequence, the shape of ``batch``.
+    namespace : int, str or None
+        Where every sequence is cached (None: the default namespace).
+    priority : int
+        The requests' priority (see ``insert``).
 
     >>> from radix_soa import PrefixCache
     >>> pc = PrefixCache()

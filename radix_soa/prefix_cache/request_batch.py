@@ -86,7 +86,25 @@ class RequestBatch:
     ``open``, and as ``Batch`` es ``values`` (what begin matched) and
     ``evicted`` (what making its reservation's room evicted).
     ``checkpoint_batch`` and ``finish_batch`` take it whole (the fast
-    path) or any list of requests."""
+    path) or any list of requests.
+
+    Parameters
+    ----------
+    owner : PrefixCache
+        The cache that began it (``begin_batch`` makes it; a user does not).
+    namespace : int or str
+        Where its requests matched and cache.
+    priority : int
+        Of their inserts.
+    states : int64 array
+        One state row per request.
+    out : int64 array or None
+        ``begin_batch(out=)``, or None.
+    offsets : int64 array
+        Each request's offset in the batch's tokens.
+    evict_out : int64 array
+        The values the begins evicted.
+    """
 
     __slots__ = ("owner", "epoch", "namespace", "priority", "_states", "_base", "_out",
                  "_offsets", "_evict_out", "_members", "_staged", "_evicts")

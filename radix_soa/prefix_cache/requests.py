@@ -27,6 +27,22 @@ class Request:
     checkpoint or finish returned: after an interrupted call, compare
     ``steps`` with its value before the call to know whether it happened,
     and take its result from ``result``.
+
+    Parameters
+    ----------
+    owner : PrefixCache
+        The cache that began it (``begin`` makes requests; a user does not).
+    namespace : int or str
+        Where it matched and caches.
+    out : int64 array or None
+        The values ``begin`` matched (None: a request of ``begin_batch``,
+        which reads them from the cache).
+    evict_out : int64 array
+        The values ``begin`` evicted.
+    priority : int
+        Of its inserts.
+    state : int64 array or None
+        Its state row (None: a new one).
     """
 
     __slots__ = ("_st", "owner", "epoch", "namespace", "priority", "_out", "_evict_out",
