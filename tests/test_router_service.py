@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("uvicorn", reason="the router extra (pip install -e '.[router]')")
 
 import radix_soa as rs  # noqa: E402
-from radix_soa.baselines import routing_rules as rules  # noqa: E402
+from radix_soa.router_index import rules  # noqa: E402
 from radix_soa.cli import main  # noqa: E402
 from radix_soa.service import RouterService  # noqa: E402
 from radix_soa.service.schema import LOAD_FIELDS  # noqa: E402

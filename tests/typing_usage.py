@@ -46,7 +46,7 @@ def usage() -> None:
     assert_type(b[0:1], rs.Batch)
     assert_type(b.lengths, np.ndarray)
 
-    # the serving loop (the ServingMixin half of PrefixCache)
+    # the serving loop (prefix_cache.lifecycle)
     r = pc.begin([1, 2, 3], namespace="a", reserve=4, priority=1)
     assert_type(r, rs.Request)
     assert_type(r.cached, int)

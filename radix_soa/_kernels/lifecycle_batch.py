@@ -54,7 +54,7 @@ def row_at(states, rows, i):
 @overload(row_at, inline="always")
 def _row_at(states, rows, i):
     if not HAS_DIRECTORY:  # pragma: no cover - a Numba without populate_array
-        # (rows then stay empty: _serving_batch refuses a list of requests)
+        # (rows then stay empty: prefix_cache.batch_lifecycle refuses a list of requests)
         return lambda states, rows, i: (states[i],)
     from .directory import view_at
 

@@ -18,8 +18,9 @@ import math
 
 import numpy as np
 
-from .routing_rules import (cache_aware_choice, kv_overlap_choice, least_loaded_choice,
-                            prefix_hash_choice, prefix_key, ring_points)
+from ..router_index.rules import (ClusterOptions, cache_aware_choice, kv_overlap_choice,
+                                  least_loaded_choice, prefix_hash_choice, prefix_key,
+                                  ring_points)
 from .reference_prefix import ReferencePrefixCache
 from .replay_reference import _requests, serve_request
 
@@ -42,13 +43,37 @@ class ReferenceCluster:
 
 
 def cluster_reference(trace, workers=8, capacity=None, router="cache_aware", page_size=1,
-                      eviction_policy="lru", *, seed=0, slots=32, prefill_rate=10_000.0,
-                      decode_rate=50.0, arrival_rate=None, load="requests", prefix_pages=4,
-                      vnodes=64, cache_threshold=0.5, balance_abs_threshold=32,
-                      balance_rel_threshold=1.1, max_tree_size=None, eviction_interval=30.0,
-                      overlap_score_weight=1.0):
-    """Replay like ``radix_soa.replay_cluster`` (FCFS, no warmup); returns a
-    ``ReferenceCluster``."""
+                      eviction_policy="lru", *, options=None, **changes):
+    """Replay like ``radix_soa.replay_cluster`` (FCFS, no warmup), with the
+    same options: a ``ClusterOptions`` (``options``; ``changes`` names
+    fields to change in it, as ``replay_cluster`` takes them); returns a
+    ``ReferenceCluster``.
+
+    Parameters
+    ----------
+    trace : Trace or sequences
+        The requests, as ``replay_cluster`` takes them.
+    workers : int
+        How many workers (each a ``ReferencePrefixCache``).
+    capacity : int or None
+        Each worker's capacity in ids (None: unbounded).
+    router : str
+        One of ``ROUTERS``.
+    page_size : int
+        The workers' page size.
+    eviction_policy : str
+        The workers' eviction policy.
+    options : ClusterOptions or None
+        The router and time-model options (None: the defaults).
+    **changes
+        Fields of ``options`` to change.
+    """
+    o = ClusterOptions.of(options, **changes)
+    seed, slots, prefill_rate, decode_rate = o.seed, o.slots, o.prefill_rate, o.decode_rate
+    arrival_rate, load, prefix_pages, vnodes = o.arrival_rate, o.load, o.prefix_pages, o.vnodes
+    cache_threshold, max_tree_size = o.cache_threshold, o.max_tree_size
+    balance_abs_threshold, balance_rel_threshold = o.balance_abs_threshold, o.balance_rel_threshold
+    eviction_interval, overlap_score_weight = o.eviction_interval, o.overlap_score_weight
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
     flat, offsets, ns, inputs, block = _requests(trace)

@@ -47,9 +47,10 @@ def begin_batch(self: "PrefixCache", batch: BatchLike, *, namespace: Namespace =
                 priority: int = 0, out: Optional[np.ndarray] = None) -> BatchBegin:
     """``begin`` of every sequence of ``batch`` (anything ``pack``
     takes: lists, a 2-D array, Arrow, a ``(flat, offsets)`` pair), in
-    order, in one call: ``BatchBegin(requests, cached)``. All or nothing: a request that cannot be admitted
-    (``CacheFullError``, ``OverflowError``) raises and no request of the
-    batch is begun; nothing changed.
+    order, in one call: ``BatchBegin(requests, cached)``. All or nothing:
+    a request that cannot be admitted (``CacheFullError``,
+    ``OverflowError``) raises and no request of the batch is begun;
+    nothing changed.
 
     The matched values (``requests.values``, ``requests[i].values``) are
     read from the cache when asked for, while the requests are open
@@ -129,8 +130,8 @@ def checkpoint_batch(self: "PrefixCache", requests: Union[RequestBatch, Sequence
     return self._cache_batch(requests, batch, values, False)
 
 
-def finish_batch(self: "PrefixCache", requests: Union[RequestBatch, Sequence[Request]], batch: BatchLike,
-                 values: BatchLike = None) -> BatchFinished:
+def finish_batch(self: "PrefixCache", requests: Union[RequestBatch, Sequence[Request]],
+                 batch: BatchLike, values: BatchLike = None) -> BatchFinished:
     """``finish`` of request ``i`` with sequence ``i`` of ``batch`` and
     its values, in order, in one call: ``BatchFinished(cached, nodes,
     free, evicted)``, per request what ``finish`` returns (``free`` and

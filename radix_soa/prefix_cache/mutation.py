@@ -97,8 +97,9 @@ def insert(self: "PrefixCache", tokens: TokenSequence, values: Optional[TokenSeq
     return _new(InsertResult, (cached, ((gen ^ self._salt) << _GEN_SHIFT) | v, evicted))
 
 
-def insert_batch(self: "PrefixCache", batch: BatchLike, values: BatchLike = None, namespace: Namespace = None,
-                 priority: int = 0) -> Tuple[np.ndarray, EvictResult]:
+def insert_batch(self: "PrefixCache", batch: BatchLike, values: BatchLike = None,
+                 namespace: Namespace = None, priority: int = 0
+                 ) -> Tuple[np.ndarray, EvictResult]:
     """``insert`` of every sequence of ``batch`` in one call: returns
     ``(cached, evicted)``, an int64 array (leading tokens already cached
     per sequence; -1 where a sequence could not fit under the capacity
@@ -288,7 +289,8 @@ def evict(self: "PrefixCache", num_tokens: int, out: Optional[np.ndarray] = None
         elif out.shape[0] < bound:
             raise ValueError(f"out has room for {out.shape[0]} values; this evict frees "
                              f"up to {bound}")
-        ev = None if self._events is None else self._events.ev(self._s, self._ns_keys, 4 * (bound // page) + 8)
+        ev = None if self._events is None else self._events.ev(
+            s, self._ns_keys, 4 * (bound // page) + 8)
         freed = prefix_kernels.pc_evict_one(s.directory, s.like, n, page, out, ev)
     return self._evicted(freed, out)
 

@@ -9,7 +9,7 @@ Endpoints (JSON bodies; tokens are a JSON list of ints):
   "loads": {worker: {...}}}`` -> ``{"worker": w, "policy": p, "mode": m,
   "overlap": {...}, "load": {...}, "degraded": [...]}``: the pick of
   ``cache_aware``, ``kv_overlap``, ``least_loaded`` or ``prefix_hash``
-  (``radix_soa.baselines.routing_rules``, the rules the cluster study's
+  (``radix_soa.router_index.rules``, the rules the cluster study's
   routers follow) from each worker's overlap and the load it was told;
 - ``POST /load`` ``{"loads": {worker: {...}}}`` sets loads, ``{"add":
   {worker: {...}}}`` adds to them (all or nothing);
@@ -61,7 +61,7 @@ import threading
 import time
 
 from .._events.kv_events import EventError, namespace_seed
-from ..baselines import routing_rules as rules
+from ..router_index import rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
 from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,

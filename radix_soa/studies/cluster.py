@@ -83,7 +83,7 @@ the same for request counts. Both are 1.0 for a perfect split.
 
 import math
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -95,6 +95,7 @@ from .._tree.results import InvariantError
 from .._tree import storage
 from .._tree.storage import TreeStorage, resume
 from .._input.validate import check_int, check_policy
+from ..router_index.rules import LOADS, ClusterOptions
 from .runs import (SweepProgress, TraceLike, as_trace, check_warmup, listed, namespace_roots,
                    readonly_int64, run_replays, scored_from)
 
@@ -105,7 +106,6 @@ __all__ = ["replay_cluster", "sweep_cluster", "ClusterOptions", "ClusterResult",
 ROUTERS = {"round_robin": cluster_kernels.ROUND_ROBIN, "random": cluster_kernels.RANDOM,
            "least_loaded": cluster_kernels.LEAST_LOADED, "prefix_hash": cluster_kernels.PREFIX_HASH,
            "cache_aware": cluster_kernels.CACHE_AWARE, "kv_overlap": cluster_kernels.KV_OVERLAP}
-LOADS = ("requests", "tokens")
 MAX_WORKERS = 4096
 
 
@@ -178,98 +178,6 @@ class ClusterResult:
                if not isinstance(v, (np.ndarray, dict))}
         out.update(hit_rate=self.hit_rate, prefill_saved_fraction=self.prefill_saved_fraction)
         return out
-
-
-def _number(name, value, low, high=math.inf, low_open=False):
-    """``value`` as a float in ``[low, high]`` (``(low, high]`` when
-    ``low_open``), or TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
-    v = float(value)
-    ok = (v > low if low_open else v >= low) and v <= high  # NaN fails
-    if not ok or (high == math.inf and math.isinf(v)):
-        lo = "(" if low_open else "["
-        hi = "inf)" if high == math.inf else f"{high:g}]"
-        raise ValueError(f"{name} must be in {lo}{low:g}, {hi}; got {value!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    """The router and service-time options of ``replay_cluster`` (see the
-    module docstring for what each means), checked when made: TypeError or
-    ValueError naming the option.
-
-    >>> ClusterOptions(slots=4).slots, ClusterOptions().cache_threshold
-    (4, 0.5)
-    >>> ClusterOptions(load="bytes")
-    Traceback (most recent call last):
-    ...
-    ValueError: load must be one of requests, tokens; got 'bytes'
-    """
-
-    seed: int = 0
-    slots: int = 32
-    prefill_rate: float = 10_000.0
-    decode_rate: float = 50.0
-    arrival_rate: Optional[float] = None
-    load: str = "requests"
-    prefix_pages: int = 4
-    vnodes: int = 64
-    cache_threshold: float = 0.5
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.1
-    max_tree_size: Optional[int] = None
-    eviction_interval: Optional[float] = 30.0
-    overlap_score_weight: float = 1.0
-
-    def __post_init__(self):
-        if not isinstance(self.load, str) or self.load not in LOADS:
-            raise ValueError(f"load must be one of {', '.join(LOADS)}; got {self.load!r}")
-        checked = dict(
-            seed=check_int("seed", self.seed, minimum=0, maximum=2**63 - 1),
-            slots=check_int("slots", self.slots, minimum=1, maximum=1 << 20),
-            prefill_rate=_number("prefill_rate", self.prefill_rate, 0.0, low_open=True),
-            decode_rate=_number("decode_rate", self.decode_rate, 0.0, low_open=True),
-            arrival_rate=(None if self.arrival_rate is None
-                          else _number("arrival_rate", self.arrival_rate, 0.0, low_open=True)),
-            prefix_pages=check_int("prefix_pages", self.prefix_pages, minimum=1),
-            vnodes=check_int("vnodes", self.vnodes, minimum=1, maximum=1 << 16),
-            cache_threshold=_number("cache_threshold", self.cache_threshold, 0.0, 1.0),
-            balance_abs_threshold=check_int("balance_abs_threshold",
-                                            self.balance_abs_threshold, minimum=0),
-            balance_rel_threshold=_number("balance_rel_threshold", self.balance_rel_threshold,
-                                          1.0),
-            max_tree_size=(None if self.max_tree_size is None
-                           else check_int("max_tree_size", self.max_tree_size, minimum=0)),
-            eviction_interval=(None if self.eviction_interval is None
-                               else _number("eviction_interval", self.eviction_interval, 0.0)),
-            overlap_score_weight=_number("overlap_score_weight", self.overlap_score_weight, 0.0))
-        for name, value in checked.items():  # the checked values (ints as int, ...)
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def of(cls, options: Optional["ClusterOptions"] = None,
-           **changes: Any) -> "ClusterOptions":
-        """``options`` (default: the defaults) with ``changes`` made, each
-        named as a field; an unknown name is a TypeError.
-
-        >>> ClusterOptions.of(ClusterOptions(slots=4), seed=2)
-        ClusterOptions(seed=2, slots=4, ...)
-        """
-        base = cls() if options is None else options
-        if not isinstance(base, cls):
-            raise TypeError(f"options must be a ClusterOptions; got {type(base).__name__}")
-        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
-        if unknown:
-            raise TypeError(f"unknown cluster option {unknown[0]!r}; the options are "
-                            f"{', '.join(f.name for f in fields(cls))}")
-        return replace(base, **changes) if changes else base
-
-    def __repr__(self) -> str:
-        changed = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                   if getattr(self, f.name) != f.default]
-        return f"ClusterOptions({', '.join(changed + ['...'] if changed else [])})"
 
 
 def ring_points(workers: int, vnodes: int) -> Tuple[np.ndarray, np.ndarray]:

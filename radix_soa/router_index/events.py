@@ -1,0 +1,311 @@
+"""``RouterIndex``'s events: ``apply`` and ``apply_snapshot`` (a worker's
+``BlockStored``/``BlockRemoved``/``AllBlocksCleared``, strict or lenient,
+``seq`` duplicates and gaps) and the undo log of a strict call. Bound as
+methods by ``core.RouterIndex``.
+"""
+
+import numpy as np
+
+from .._events.block_hash import key64
+from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
+                                 event_from_dict)
+from .._input.validate import check_int
+from .._kernels import router as router_kernels
+from .workers import worker_id
+
+_BOOL = (bool, np.bool_)
+_ADD, _DROP, _FORGOT = 0, 1, 2  # the kinds of a strict call's undo steps
+
+
+def _parse(self, events):
+    if isinstance(events, (dict, BlockStored, BlockRemoved, AllBlocksCleared)):
+        events = [events]
+    parsed = []
+    for i, e in enumerate(events):
+        try:
+            e = event_from_dict(e)
+        except EventError as exc:
+            raise EventError(f"event {i}: {exc}") from None
+        if isinstance(e, BlockStored) and e.block_size != self._page:
+            raise EventError(f"event {i}: block_size {e.block_size} but this index has "
+                             f"page_size {self._page}")
+        if (self._none_hash is None and not isinstance(e, AllBlocksCleared) and e.block_hashes
+                and isinstance(e.block_hashes[0], bytes)):
+            raise EventError(f"event {i}: bytes block hashes, but this index has "
+                             "event_hash='fast64' (make it with event_hash='sha256_cbor')")
+        parsed.append(e)
+    return parsed
+
+def apply(self, worker, events, *, strict=None, seq=None):
+    """Apply ``events`` (``BlockStored``/``BlockRemoved``/
+    ``AllBlocksCleared`` objects or their dicts) that ``worker`` emitted,
+    oldest first; a new worker id joins the index (also with no
+    events). ``strict`` (default: the index's): all or nothing,
+    ``EventError`` on the first event that cannot apply, with every
+    change undone (a new worker not registered); ``strict=False``: the
+    worker becomes degraded instead and the events apply as far as they
+    can (see the class). ``seq``: this call's number in the worker's
+    stream (a duplicate is skipped, a gap is a problem).
+
+    Parameters
+    ----------
+    worker : int, str or tuple
+        The worker id (``worker_id``).
+    events : iterable of events or dicts, or one event
+        The worker's events, oldest first.
+    strict : bool or None
+        All or nothing (True), degrade instead (False), or the index's
+        mode (None).
+    seq : int or None
+        This call's number in the worker's stream.
+
+    >>> import radix_soa as rs
+    >>> ix = rs.RouterIndex(page_size=2, strict=False)
+    >>> ix.apply("w", [rs.BlockRemoved([7])], seq=0)   # a block it never held
+    >>> ix.status("w"), ix.apply("w", [], seq=0), list(ix.degraded)
+    ('degraded', None, ['w'])
+    """
+    worker = worker_id(worker)
+    if strict is None:
+        strict = self._strict
+    elif not isinstance(strict, _BOOL):
+        raise TypeError(f"strict must be a bool or None; got {type(strict).__name__}")
+    if seq is not None:
+        seq = check_int("seq", seq, minimum=0)
+    parsed = self._parse(events)
+    with self._writing:
+        last = self._seq.get(worker)
+        if seq is not None and last is not None and seq <= last:
+            return  # a duplicate (or a batch older than one applied): skipped
+        gap = None
+        if seq is not None and last is not None and seq != last + 1:
+            gap = (f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never "
+                   "arrived")
+            if strict:
+                raise EventError(gap)
+        new = worker not in self._cols
+        col = self._column(worker, True)
+        if strict:
+            self._apply_strict(worker, col, new, parsed)
+        else:
+            self._apply_lenient(worker, col, new, parsed, gap)
+        if new:
+            self._register(worker, col)
+        if seq is not None:
+            self._seq[worker] = seq
+
+
+def _apply_strict(self, worker, col, new, parsed, first=0):
+    """Apply ``parsed`` (numbered from ``first``) all or nothing: on any
+    exception every change is undone (a new worker's column freed)."""
+    undo = []
+    try:
+        for i, e in enumerate(parsed):
+            self._apply_one(first + i, col, worker, e, undo)
+    except BaseException:
+        self._undo(undo)
+        if new:
+            self._col_ids[col] = None
+        raise
+
+
+def _apply_lenient(self, worker, col, new, parsed, gap):
+    """Apply ``parsed`` as far as each event can, the worker degraded by
+    the first problem (``gap``, or one an event had) since its last clear."""
+    problem = self._status.get(worker, gap)
+    try:
+        for i, e in enumerate(parsed):
+            found = self._apply_one(i, col, worker, e, None)
+            if isinstance(e, AllBlocksCleared):
+                problem = None
+            elif problem is None:
+                problem = found
+    except BaseException:  # some events applied, not all: not exact
+        self._status[worker] = (f"an apply of {len(parsed)} events was interrupted "
+                                "(KeyboardInterrupt, MemoryError)")
+        if new:
+            self._register(worker, col)
+        raise
+    if problem is None:
+        self._status.pop(worker, None)
+    else:
+        self._status[worker] = problem
+
+
+def apply_snapshot(self, worker, events, *, seq=None):
+    """Replace every page of ``worker`` by ``events``, stored runs parents
+    first (``PrefixCache.snapshot_events()``: its cache now), and mark it
+    exact. All or nothing: a snapshot whose events do not apply as a
+    stream after a clear raises ``EventError`` and changes nothing.
+    ``seq``: the worker's last call number the snapshot covers (later
+    calls continue from it).
+
+    >>> import radix_soa as rs
+    >>> pc = rs.PrefixCache(page_size=2, events=True, values=False)
+    >>> _ = pc.insert([1, 2, 3, 4]); _ = pc.take_events()     # lost on the way
+    >>> ix = rs.RouterIndex(page_size=2, strict=False)
+    >>> _ = pc.insert([1, 2, 3, 4, 5, 6]); ix.apply("w", pc.take_events())
+    >>> ix.status("w"), ix.overlap([1, 2, 3, 4, 5, 6]).tolist()
+    ('degraded', [0])
+    >>> ix.apply_snapshot("w", pc.snapshot_events())
+    >>> ix.status("w"), ix.overlap([1, 2, 3, 4, 5, 6]).tolist()
+    ('exact', [6])
+    """
+    worker = worker_id(worker)
+    if seq is not None:
+        seq = check_int("seq", seq, minimum=0)
+    parsed = [AllBlocksCleared()] + self._parse(events)
+    with self._writing:
+        new = worker not in self._cols
+        col = self._column(worker, True)
+        self._apply_strict(worker, col, new, parsed, first=-1)
+        if new:
+            self._register(worker, col)
+        self._status.pop(worker, None)
+        if seq is not None:
+            self._seq[worker] = seq
+        else:
+            self._seq.pop(worker, None)
+
+def _apply_one(self, i, col, worker, e, undo):
+    """Apply event ``e`` (the ``i``-th of the call) for ``worker``:
+    strict (``undo`` a list: raise on a problem, log the undo steps)
+    or lenient (``undo`` None: return the problem, or None)."""
+    w, bit = self._bit(col)
+    if isinstance(e, AllBlocksCleared):
+        self._clear(w, bit, undo)
+        forgot = int(self._forgot[col])
+        self._forgot[col] = 0
+        if undo is not None:
+            undo.append((_FORGOT, col, forgot))
+        return None
+    hashes = self._keys_of(e.block_hashes)
+    n = hashes.shape[0]
+    codes = np.empty(n, np.int8)
+    stored = isinstance(e, BlockStored)
+    has_parent = stored and e.parent_block_hash is not None
+    parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
+    cap = None if self._max_bytes is None else self._node_budget()
+    # the common event in one kernel call: every page applies as it is
+    if not stored:
+        parents = np.empty(n, np.uint64)
+        hasp = np.empty(n, np.int8)
+        if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                        self._meta, w, bit, hashes, codes, parents, hasp) < 0:
+            if undo is not None:
+                undo.append((_ADD, w, bit, hashes, parents, hasp))
+            return None
+    elif cap is None or n <= cap:
+        self._reserve(n)
+        where, bad = router_kernels.rx_store(self._table, self._keys, self._pkeys, self._flags,
+                                 self._masks, self._meta, w, bit, hashes, parent, has_parent,
+                                 self._stamps, codes)
+        if where == router_kernels.P_HELD and bad < 0:
+            if undo is not None:
+                undo.append((_DROP, w, bit, hashes))
+            return None
+    where = router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                           w, bit, hashes, parent, has_parent, stored, codes)
+    forgot = int(self._forgot[col])
+    if not stored:
+        # a removal of a page the budget forgot: gone from the index, or
+        # stored again since by other workers only
+        unheld = (codes == router_kernels.C_ABSENT) | (codes == router_kernels.C_UNHELD)
+        excused = min(int(np.count_nonzero(unheld)), forgot)
+        problem = None
+        bad = np.flatnonzero(codes == router_kernels.C_REPEAT)
+        if excused < np.count_nonzero(unheld) or bad.shape[0]:
+            at = int(np.flatnonzero(unheld | (codes == router_kernels.C_REPEAT))[0])
+            problem = (f"event {i}: BlockRemoved of block {e.block_hashes[at]}, which worker "
+                       f"{worker!r} does not hold")
+            if undo is not None:
+                raise EventError(problem)
+        self._forgot[col] = forgot - excused
+        held = hashes[codes == router_kernels.C_OK]
+        parents = np.empty(held.shape[0], np.uint64)
+        hasp = np.empty(held.shape[0], np.int8)
+        router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                   self._meta, w, bit, held, parents, hasp)
+        if undo is not None:
+            undo.append((_FORGOT, col, forgot))
+            undo.append((_ADD, w, bit, held, parents, hasp))
+        return problem
+    problem = None
+    if where != router_kernels.P_HELD and forgot == 0:  # else: under a page the budget forgot?
+        problem = (f"event {i}: BlockStored: its parent block {e.parent_block_hash} is not "
+                   f"held by worker {worker!r} (an event missed or applied out of order)")
+    else:
+        bad = np.flatnonzero(codes != router_kernels.C_OK)
+        if bad.shape[0]:
+            at = int(bad[0])
+            block = e.block_hashes[at]
+            problem = (f"event {i}: BlockStored: " + (
+                f"block {block} is held by worker {worker!r} already (an event applied "
+                "twice?)" if codes[at] == router_kernels.C_HELD else
+                f"block {block} is known with another parent block (another hash "
+                "function or page size?)"))
+    if problem is not None and undo is not None:
+        raise EventError(problem)
+    parents = np.empty(hashes.shape[0], np.uint64)
+    hasp = np.ones(hashes.shape[0], np.int8)
+    if hashes.shape[0]:
+        parents[0] = parent
+        parents[1:] = hashes[:-1]
+        hasp[0] = 1 if has_parent else 0
+    keep = codes == router_kernels.C_OK
+    hashes, parents, hasp = hashes[keep], parents[keep], hasp[keep]
+    if cap is not None and hashes.shape[0] > cap:  # a run past the budget: its tail forgotten
+        self._forgot[col] += hashes.shape[0] - cap
+        self._forgotten += hashes.shape[0] - cap
+        hashes, parents, hasp = hashes[:cap], parents[:cap], hasp[:cap]
+    self._add(w, bit, hashes, parents, hasp)
+    if undo is not None:
+        undo.append((_FORGOT, col, forgot))
+        undo.append((_DROP, w, bit, hashes))
+    return problem
+
+def _keys_of(self, block_hashes):
+    """The 64-bit keys of an event's (checked) block hashes."""
+    if self._none_hash is None:  # ints in [0, 2**64) already
+        return np.array(block_hashes, np.uint64)
+    return np.array([key64(h) for h in block_hashes], np.uint64)
+
+def _undo(self, steps):
+    """Undo a strict call's steps, last first. They are tuples, not
+    closures: a call of many events keeps no objects the cyclic
+    garbage collector would scan again and again."""
+    for step in reversed(steps):
+        kind = step[0]
+        if kind == _ADD:
+            self._add(*step[1:])
+        elif kind == _DROP:
+            self._drop_held(*step[1:])
+        else:
+            self._forgot[step[1]] = step[2]
+
+def _add(self, w, bit, hashes, parents, hasp):
+    self._reserve(hashes.shape[0])
+    router_kernels.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+              bit, hashes, parents, hasp, self._stamps)
+
+def _drop_held(self, w, bit, hashes):
+    """Take from worker ``(w, bit)`` those of ``hashes`` it still holds
+    (an undo: the budget may have forgotten some meanwhile)."""
+    codes = np.empty(hashes.shape[0], np.int8)
+    router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks, w, bit,
+                   hashes, np.uint64(0), False, False, codes)
+    held = hashes[codes == router_kernels.C_OK]
+    parents = np.empty(held.shape[0], np.uint64)
+    hasp = np.empty(held.shape[0], np.int8)
+    router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
+               bit, held, parents, hasp)
+
+def _clear(self, w, bit, undo=None):
+    live = int(self._meta[router_kernels.X_LIVE])
+    out = np.empty(live, np.uint64)
+    parents = np.empty(live, np.uint64)
+    hasp = np.empty(live, np.int8)
+    n = router_kernels.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                    self._meta, w, bit, out, parents, hasp)
+    if undo is not None:
+        undo.append((_ADD, w, bit, out[:n], parents[:n], hasp[:n]))

@@ -1,0 +1,170 @@
+"""``RouterIndex``'s storage: its arrays (one node per page, a bitmask
+row of workers per node, the hash table), their growth, the byte budget
+(``max_bytes``: what fits, and forgetting the least recently walked pages),
+the worker columns, and the primitive page changes every event reduces to.
+Bound as methods by ``core.RouterIndex``.
+"""
+
+import numpy as np
+
+from .._kernels import router as router_kernels
+
+MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
+
+
+def _alloc(self, nodes, slots, old=None):
+    """Fresh arrays of ``nodes`` nodes and ``slots`` table slots, holding
+    the live nodes of ``old`` (compacted) and the table rebuilt."""
+    keys = np.zeros(nodes, np.uint64)
+    pkeys = np.zeros(nodes, np.uint64)
+    flags = np.full(nodes, -1, np.int8)
+    masks = np.zeros((nodes, self._words), np.int64)
+    stamps = np.zeros(0 if self._max_bytes is None else nodes + 1, np.int64)
+    meta = np.zeros(router_kernels.X_SIZE, np.int64)
+    meta[router_kernels.X_FREE] = -1
+    if old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
+        ids = np.flatnonzero(old["flags"][:int(old["meta"][router_kernels.X_END])] >= 0)
+        n = ids.shape[0]
+        keys[:n], pkeys[:n], flags[:n] = old["keys"][ids], old["pkeys"][ids], old["flags"][ids]
+        masks[:n, :old["masks"].shape[1]] = old["masks"][ids]
+        if stamps.shape[0]:
+            stamps[:n] = old["stamps"][ids]
+            stamps[-1] = old["stamps"][-1]  # the clock
+        meta[router_kernels.X_END] = meta[router_kernels.X_LIVE] = n
+    table = np.full(slots, -1, np.int32)
+    router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]))
+    self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
+                          "_stamps": stamps, "_meta": meta, "_table": table})
+
+def _arrays(self):
+    return {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
+            "masks": self._masks, "stamps": self._stamps, "meta": self._meta}
+
+def _node_bytes(self):
+    """Bytes per node of the node arrays (keys, pkeys, flags, masks, stamps)."""
+    return 17 + 8 * self._words + (0 if self._max_bytes is None else 8)
+
+def _fixed_bytes(self):
+    return 8 * (router_kernels.X_SIZE + self._live.shape[0] + self._forgot.shape[0] + 1)
+
+def _node_budget(self):
+    """The most nodes whose arrays (and a table at load <= 3/4) fit
+    ``max_bytes`` (with this many mask words; cached)."""
+    if self._budget_words == self._words:
+        return self._budget_nodes
+    room = self._max_bytes - self._fixed_bytes()
+    per = self._node_bytes()
+    best, slots = 0, 128
+    while 4 * slots < room:
+        best = max(best, min(3 * slots // 4, (room - 4 * slots) // per))
+        slots *= 2
+    self._budget_words, self._budget_nodes = self._words, best
+    return best
+
+def _reserve(self, new):
+    """Room for ``new`` more nodes (and their table slots, load <= 3/4);
+    with a budget, at most ``_node_budget()`` nodes, forgetting the
+    least recently used pages to make room (``new`` is within it)."""
+    meta = self._meta
+    cap = None if self._max_bytes is None else self._node_budget()
+    if cap is not None and int(meta[router_kernels.X_LIVE]) + new > cap:
+        live = int(meta[router_kernels.X_LIVE])
+        self._forget(live + new - cap + cap // 16)  # a sixteenth more: amortized
+    live = int(meta[router_kernels.X_LIVE])
+    nodes = self._keys.shape[0]
+    ids = max(int(meta[router_kernels.X_END]), live + new)  # free ids are reused first
+    if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0]:
+        return
+    # nodes grow by a quarter (each copy compacts them), the table doubles
+    size = max(nodes, ids, 64)
+    if ids > nodes:
+        size = max(ids, nodes + nodes // 4)
+    slots = self._table.shape[0]
+    while 4 * (live + new) > 3 * slots:
+        slots *= 2
+    if cap is not None:
+        size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
+    self._alloc(size, slots, self._arrays())
+
+def _forget(self, n):
+    """Forget the ``n`` live pages queries walked least recently, for
+    every worker (the budget)."""
+    end = int(self._meta[router_kernels.X_END])
+    ids = np.flatnonzero(self._flags[:end] >= 0)
+    n = min(n, ids.shape[0])
+    if n <= 0:
+        return
+    if n < ids.shape[0]:
+        ids = ids[np.argpartition(self._stamps[ids], n - 1)[:n]]
+    router_kernels.rx_forget(self._table, self._keys, self._flags, self._masks, self._meta,
+                 ids.astype(np.int64), self._forgot)
+    self._forgotten += n
+
+def _column(self, worker, create):
+    """The column of ``worker`` (a checked id); with ``create``, a free
+    column for a new one (taken by ``_register`` once its events applied)."""
+    col = self._cols.get(worker)
+    if col is not None or not create:
+        return col
+    col = next((c for c, w in enumerate(self._col_ids) if w is None), len(self._col_ids))
+    if col == len(self._col_ids):
+        self._col_ids.append(None)
+    if col >= 64 * self._words:  # another word of bits per node
+        self._words += 1
+        self._live = np.concatenate([self._live, np.zeros(1, np.int64)])
+        self._forgot = np.concatenate([self._forgot, np.zeros(64, np.int64)])
+        nodes = self._keys.shape[0]
+        if self._max_bytes is not None:  # wider rows: fewer of them fit
+            cap = self._node_budget()
+            if int(self._meta[router_kernels.X_LIVE]) > cap:
+                self._forget(int(self._meta[router_kernels.X_LIVE]) - cap)
+            nodes = min(nodes, cap)
+        self._alloc(nodes, self._table.shape[0], self._arrays())
+    self._forgot[col] = 0  # a fresh column (its events may add to it before _register)
+    return col
+
+def _register(self, worker, col):
+    self._cols[worker] = col
+    self._col_ids[col] = worker
+    self._order.append(worker)
+    w, bit = self._bit(col)
+    self._live[w] |= bit
+    self._columns_changed()
+
+def _bit(col):
+    """``(word, bit)`` of column ``col``: the bit as an int64 (bit 63 negative)."""
+    b = col % 64  # a Python int: Numba unboxes it faster than a NumPy scalar
+    return col // 64, -(1 << 63) if b == 63 else 1 << b
+
+
+def _columns_changed(self):
+    keep = [self._cols[w] for w in self._order]
+    n = len(keep)
+    self._out = slice(0, n) if keep == list(range(n)) else np.array(keep, np.intp)
+
+
+def memory_report(self):
+    """The index's arrays in bytes: ``bytes`` (all of them, as
+    allocated), ``bytes_per_page`` (that over the pages held),
+    ``pages``, ``workers``, ``mask_words`` (64 workers a word),
+    ``node_capacity``, ``table_slots``, ``max_bytes`` (None: unbounded),
+    ``forgotten_pages`` (by the budget, since creation) and ``arrays``
+    (bytes by array).
+
+    >>> import radix_soa as rs
+    >>> r = rs.RouterIndex(page_size=4, max_bytes=1 << 16).memory_report()
+    >>> r["bytes"] <= r["max_bytes"], r["pages"], r["mask_words"]
+    (True, 0, 1)
+    """
+    with self._lock:
+        arrays = {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
+                  "masks": self._masks, "stamps": self._stamps, "table": self._table,
+                  "meta": self._meta, "live": self._live, "forgot": self._forgot}
+        sizes = {k: int(a.nbytes) for k, a in arrays.items()}
+        total = sum(sizes.values())
+        pages = int(self._meta[router_kernels.X_LIVE])
+        return {"bytes": total, "bytes_per_page": total / pages if pages else 0.0,
+                "pages": pages, "workers": len(self._order), "mask_words": self._words,
+                "node_capacity": int(self._keys.shape[0]),
+                "table_slots": int(self._table.shape[0]), "max_bytes": self._max_bytes,
+                "forgotten_pages": self._forgotten, "arrays": sizes}
