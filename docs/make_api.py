@@ -127,7 +127,7 @@ def members(cls):
     return out
 
 
-def mixin_members(cls):
+def class_members(cls):
     """Members of ``cls`` and of its bases defined in radix_soa (the shared
     tree base), each once, the class's own first."""
     seen, out = set(), []
@@ -159,7 +159,7 @@ def render():
                 lines += ["", f"### `{name}{signature(obj)}`", "", first_paragraph(obj), ""]
                 if parameters(obj):
                     lines += ["Parameters:", ""] + parameter_lines(obj, "") + [""]
-                for mname, sig, doc, kind, member in mixin_members(obj):
+                for mname, sig, doc, kind, member in class_members(obj):
                     head = f"`{mname}`" if kind == "property" else f"`{mname}{sig}`"
                     tag = f" ({kind})" if kind in ("property", "classmethod", "staticmethod") else ""
                     lines.append(f"- {head}{tag}: {doc}" if doc else f"- {head}{tag}")
