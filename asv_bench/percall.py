@@ -1,7 +1,8 @@
 """Per-call cost of the hot single calls, in microseconds (best of 7 runs
 of 20,000 calls each), printed as ``name  us``. The same script runs
 against any checkout (``PYTHONPATH=<checkout> python asv_bench/percall.py``),
-so two versions can be compared call by call.
+so two versions can be compared call by call; ``asv_bench/percall_ab.py``
+times two checkouts' calls interleaved in one process.
 """
 
 import time
@@ -21,7 +22,9 @@ def per_call(fn, n=20_000, repeat=7):
     return best * 1e6
 
 
-def main():
+def rows(rs):
+    """``[(name, call), ...]``: the hot single calls on caches of ``rs`` (the
+    ``radix_soa`` module, or a copy of it under another name)."""
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, 1000, size=32) for _ in range(2000)]
     q = seqs[17]
@@ -52,7 +55,7 @@ def main():
         ev.insert(q, values=vals)
         ev.evict(32, out=pool)
 
-    rows = [
+    return [
         ("RadixCache.insert (stored, 32 tokens)", lambda: rc.insert(q)),
         ("RadixCache.exists (32 tokens)", lambda: rc.exists(q)),
         ("RadixCache.match_prefix (32 tokens)", lambda: rc.match_prefix(q)),
@@ -63,7 +66,10 @@ def main():
         ("PrefixCache.begin + finish (32 + 16 tokens)", begin_finish),
         ("PrefixCache.insert + evict(32, out=)", evict_refill),
     ]
-    for name, fn in rows:
+
+
+def main():
+    for name, fn in rows(rs):
         fn()
         print(f"{name:<48} {per_call(fn):7.3f}")
 
