@@ -363,3 +363,29 @@ def test_each_room_retry_passes_the_arguments_of_its_fast_call():
         assert ast.dump(again) == ast.dump(fast.value), \
             f"{where}: the retry calls {ast.unparse(again)}, the fast call {ast.unparse(fast.value)}"
         assert [ast.dump(t) for t in retry.targets] == [ast.dump(t) for t in fast.targets], where
+
+
+def test_the_product_raises_a_kernel_status_through_the_one_map():
+    # ``_tree/status.py`` turns a kernel status into its exception: a call
+    # site's ``if status ...:`` raises ``status_error(...)`` and nothing else
+    # (awkward's ``_handle_error`` is the model)
+    sites = []
+    for m, path in MODULES.items():
+        if layer_of(m) != "product":
+            continue
+        tests = [node for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                 and ast.unparse(node.test.left) == "status"
+                 # ROOM: grow and call again; UNSURE: run with a backup; no error
+                 and ast.unparse(node.test.comparators[0]).split(".")[-1] not in ("ROOM", "UNSURE")]
+        inner = {id(n) for node in tests for n in ast.walk(node) if n is not node}
+        for node in tests:
+            if id(node) in inner:
+                continue  # e.g. a closed request's own error first, inside the status test
+            raises = [n for n in ast.walk(node) if isinstance(n, ast.Raise)]
+            sites.append(m)
+            assert raises, f"{m} line {node.lineno}: a status test that raises nothing"
+            for r in raises:
+                assert isinstance(r.exc, ast.Call) and ast.unparse(r.exc.func) == "status_error", \
+                    f"{m} line {r.lineno}: raises {ast.unparse(r.exc)}, not status_error(...)"
+    assert len(sites) >= 8, sites  # insert, lock, touch, begin, abort, transitions, batches
