@@ -30,6 +30,9 @@ Modules, bottom up (a module calls only those above it in this list)::
                 -> insert_one -> radix_insert; descend_group, descend, extend ->
                 radix_insert_batch; set_terminal;
                 unlink, merge_room, merge_into_child -> remove_one
+    chunks      pointer_like (an intrinsic) -> view_at -> chunk_offsets -> chunks_scan,
+                chunks_range; descend_lanes -> descend_chunks(_parallel);
+                radix_insert_batch -> insert_chunks (a chunked Arrow column in place)
     walks       children_csr -> compact_spans; sorted_children, dfs_terminals
                 -> collect_sequences
     ids         ids_one -> ids_batch (sequence ids); sequence_of
