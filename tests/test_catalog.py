@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
+
 from radix_soa.cli import main
 from radix_soa.studies import catalog
 from radix_soa.studies.catalog import DownloadError, PublicTrace, TraceFile
 from radix_soa.studies.traces import load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/traces is absent")
+DATA = data_paths.TRACES
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"trace data not found at {DATA}")
 
 MOONCAKE_LINES = b"".join(b'{"timestamp": %d, "input_length": 600, "output_length": 5, '
                           b'"hash_ids": [0, %d]}\n' % (i, i + 1) for i in range(4))
@@ -170,3 +172,20 @@ def test_the_catalogs_checksums_are_the_public_files(tmp_path):
             assert catalog.check_file(folder / spec.name, spec) is None, spec.name
         got = catalog.get(name, tmp_path / f"got-{name}", base=mirror.as_uri())
         assert [p.name for p in got] == [s.name for s in trace.files]
+
+
+@needs_data
+def test_from_reads_the_shared_data_as_it_lies(tmp_path):
+    """``--from`` the shared data directory itself (its own layout:
+    mooncake-fast25/, kv-cache-tester-claude-code/)."""
+    for name in ("mooncake-synthetic", "kvcache-tester-claude-code"):
+        got = catalog.get(name, tmp_path / "traces", base=str(DATA))
+        assert [p.name for p in got] == [s.name for s in catalog.find(name).files]
+        assert {p.parent for p in got} == {tmp_path / "traces" / name}
+    assert len(load_trace(tmp_path / "traces" / "kvcache-tester-claude-code")) > 0
+
+
+def test_the_tests_read_the_traces_where_the_setting_says(tmp_path):
+    assert data_paths.traces_dir({"RADIX_SOA_TRACES": str(tmp_path)}) == tmp_path
+    assert data_paths.traces_dir({}) == data_paths.DEFAULT
+    assert data_paths.DEFAULT.parts[-3:] == ("shared", "data", "traces")

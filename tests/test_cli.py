@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
+
 import radix_soa
 from radix_soa import workloads
 from radix_soa.cli import default_capacities, main
 from radix_soa.studies.study import generated_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = data_paths.TRACES
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # a small built-in workload for most tests

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import pytest
 
+import data_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
 DOCS = [README] + GUIDE
 SHARED = ROOT.parent / "shared"
 NEEDS_DATA = "<!-- needs: ../shared/data -->"
+TRACES = data_paths.TRACES  # $RADIX_SOA_TRACES, which the data blocks read too
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
@@ -140,12 +143,33 @@ DATA_DOCS = [d for d in DOCS if any(needs for *_, needs in blocks("python", d))]
 
 
 @pytest.mark.parametrize("doc", DATA_DOCS, ids=lambda d: d.name)
-def test_every_python_block_runs_on_its_own_with_the_data(checkout, doc):
-    if not (SHARED / "data" / "traces").is_dir():
-        pytest.skip(f"{SHARED / 'data' / 'traces'} is absent: the trace blocks need the "
-                    "real traces")
+def test_every_python_block_runs_on_its_own_with_the_data(checkout, doc, monkeypatch):
+    if not TRACES.is_dir():
+        pytest.skip(f"{TRACES} is absent: the trace blocks need the real traces "
+                    "(RADIX_SOA_TRACES names a copy)")
+    monkeypatch.setenv(data_paths.ENV, str(TRACES.resolve()))  # the blocks run elsewhere
     ran, _ = run_doc(doc, include_data=True)
     assert ran == len(blocks("python", doc))
+
+
+def test_the_data_blocks_read_the_traces_where_radix_soa_traces_says(tmp_path, monkeypatch):
+    """With no ../shared beside the checkout, the data blocks read the
+    directory ``RADIX_SOA_TRACES`` names (here a small trace in the shared
+    data's layout)."""
+    work = tmp_path / "radix_soa"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    mine = tmp_path / "my-traces" / "mooncake-fast25"
+    mine.mkdir(parents=True)
+    (mine / "conversation_trace.jsonl").write_text("".join(
+        f'{{"timestamp": {i}, "input_length": 1024, "output_length": 1, '
+        f'"hash_ids": [0, {i + 1}]}}\n' for i in range(50)))
+    monkeypatch.setenv(data_paths.ENV, str(tmp_path / "my-traces"))
+    doc = ROOT / "docs" / "guide" / "studies.md"
+    line, code, _ = next(b for b in blocks("python", doc) if b[2])
+    ns = {"__name__": "__doc_block__"}
+    run_block(line, code, ns, doc)
+    assert len(ns["tr"]) == 50
 
 
 def quick_start():
