@@ -286,6 +286,35 @@ def test_plot_panels_title_and_ticks(capsys, tmp_path, monkeypatch):
     assert rendered_overlaps(figures[0]) == []
 
 
+def test_plot_puts_each_rate_beside_its_unbounded_value_in_the_same_unit(
+        capsys, tmp_path, monkeypatch):
+    """On a block trace the token rate (which counts the partial last
+    block) is drawn with its own unbounded line, not against the block
+    rate's; the middle panel says it is a share."""
+    pytest.importorskip("matplotlib")
+    from radix_soa.cli import study as cli_study
+    figures = []
+    real = cli_study.plot_figure
+    monkeypatch.setattr(cli_study, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
+                        or figures[-1])
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    code, _, err = run(capsys, "study", "--trace", str(path), "--points", "4", "--plot",
+                       str(tmp_path / "a.png"))
+    assert code == 0, err
+    hits, requests, _ = figures[0].axes
+    curves = [ln for ln in hits.get_lines() if len(ln.get_xdata()) > 2]
+    flat = [ln for ln in hits.get_lines() if len(set(ln.get_ydata())) == 1
+            and ln not in curves]
+    labels = {ln.get_label().split(" (")[0] for ln in curves}
+    assert labels == {"hit rate", "token hit rate"}
+    for curve in curves:
+        (mine,) = [ln for ln in flat if ln.get_color() == curve.get_color()]
+        assert max(curve.get_ydata()) <= mine.get_ydata()[0] + 1e-12, curve.get_label()
+    units = sorted(ln.get_label().split(" (")[0] for ln in flat)
+    assert units == ["unbounded, blocks", "unbounded, tokens"]
+    assert requests.get_ylabel().startswith("share of requests")
+
+
 def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     line = assert_usage_error(capsys, "study", "--plot", str(tmp_path / "x.png"))
