@@ -400,6 +400,23 @@ def test_capacities_in_tokens_and_bytes_of_kv(capsys, tmp_path):
     assert rows[0][:3] == ["39.9", "GB", "476"]
     assert "at 163,840 bytes per token" in out
     assert "summary: 39.9 GB of KV (243,712 tokens, 476 blocks) is the smallest" in out
+    # the rounding down to whole blocks is said, not left for the reader to spot
+    assert lines[2] == ("capacities are whole blocks (83.9 MB each), rounded down: "
+                        "40.0 GB -> 39.9 GB (476 blocks)")
+    code, out, err = run(capsys, "study", *trace, "--kv-bytes-per-token", "160KiB",
+                         "--capacities", "1GB,10GB", "--host-capacity", "1GB")
+    assert code == 0, err
+    assert out.splitlines()[2] == (
+        "capacities are whole blocks (83.9 MB each), rounded down: 1.00 GB -> 923 MB "
+        "(11 blocks), 10.0 GB -> 9.98 GB (119 blocks), host tier 1.00 GB -> 923 MB (11 blocks)")
+    assert doc["capacities_asked"] == [1 << 30, 40 * 10**9] and "40.0 GB -> 39.9 GB" in \
+        doc["rounding"]
+    whole = run_json(capsys, *trace, "--kv-bytes-per-token", "160KiB", "--capacities",
+                     f"{3 * 512 * 163840}B")
+    assert whole["capacities"] == [3] and whole["rounding"] is None
+    assert by_tokens["rounding"] == ("capacities are whole blocks (512 tokens each), rounded "
+                                     "down: 1,100 tokens -> 1,024 tokens (2 blocks), 3,100 "
+                                     "tokens -> 3,072 tokens (6 blocks)")
 
 
 def test_traces_from_gzip_and_standard_input_with_the_format_detected(capsys, tmp_path,
@@ -467,7 +484,8 @@ def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
     (["--capacities", "1.5"], "a fraction needs a suffix"),
     (["--capacities", "1.0005k"], "is not a whole number"),
     (["--capacities", "40XB"], "is not an integer"),
-    (["--host-capacity", "-3"], "host capacity must be >= 0"),
+    (["--host-capacity", "-3"], "--host-capacity must be >= 0"),
+    (["--kv-bytes-per-token", "-5"], "--kv-bytes-per-token must be >= 1, got -5"),
     (["--warmup", "1"], "warmup must be in [0, 1)"),
     (["--warmup", "half"], "expected a number in [0, 1)"),
     (["--warmup", "nan"], "warmup must be in [0, 1)"),
