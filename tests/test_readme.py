@@ -70,13 +70,32 @@ def _is_print(node):
             and node.func.id == "print")
 
 
+def _is_main_guard(stmt):
+    """``if __name__ == "__main__":`` (a block written to run as a script)."""
+    t = stmt.test if isinstance(stmt, ast.If) else None
+    return (t is not None and not stmt.orelse and isinstance(t, ast.Compare)
+            and isinstance(t.left, ast.Name) and t.left.id == "__name__"
+            and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+            and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__")
+
+
+def _unguarded(body):
+    """The statements of a block, a main guard's body run as the block's own
+    (so its stated values are checked too)."""
+    for stmt in body:
+        if _is_main_guard(stmt):
+            yield from stmt.body
+        else:
+            yield stmt
+
+
 def run_block(line, code, ns, doc=README):
     """Run ``code`` statement by statement in ``ns``; error tracebacks name
     the document and its line numbers. Returns how many claims were checked."""
     source = "\n" * (line - 1) + code
     lines = source.splitlines()
     checked = 0
-    for stmt in ast.parse(source, str(doc)).body:
+    for stmt in _unguarded(ast.parse(source, str(doc)).body):
         expected = None
         if (isinstance(stmt, ast.Expr) and stmt.lineno == stmt.end_lineno
                 and not _is_print(stmt.value)):
@@ -170,6 +189,33 @@ def test_the_data_blocks_read_the_traces_where_radix_soa_traces_says(tmp_path, m
     ns = {"__name__": "__doc_block__"}
     run_block(line, code, ns, doc)
     assert len(ns["tr"]) == 50
+
+
+@pytest.mark.slow
+def test_the_dask_block_runs_as_a_script(tmp_path):
+    """Pasted into a file and run with ``python``: the workers are spawned
+    processes, which import the script again, so the block carries its main
+    guard."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask.distributed")
+    doc = ROOT / "docs" / "guide" / "dask.md"
+    (line, code, _), = [b for b in blocks("python", doc) if "LocalCluster(" in b[1]]
+    assert any(_is_main_guard(stmt) for stmt in ast.parse(code).body)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_main_guard_is_run_and_its_values_checked():
+    code = 'import math\nif __name__ == "__main__":\n    x = 2\n    x + 1  # 3\n'
+    ns = {"__name__": "__doc_block__"}
+    assert run_block(1, code, ns) == 1 and ns["x"] == 2
+    with pytest.raises(AssertionError, match="gives 3"):
+        run_block(1, code.replace("# 3", "# 4"), {"__name__": "__doc_block__"})
 
 
 def quick_start():
