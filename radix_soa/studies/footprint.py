@@ -97,11 +97,11 @@ class FootprintTable:
                 "rows": [dict(r) for r in self.rows]}
 
     def plot(self, ax=None, per="stored"):
-        """A horizontal bar per row: its bytes per stored token (``per=
-        "stored"``), per inserted token (``"inserted"``) or in all
-        (``"total"``), on a log axis, each bar labelled with its value and
-        its ratio to the first row. Needs matplotlib; returns the Axes (a new
-        figure's unless ``ax`` is given).
+        """A horizontal bar per row, on a log axis: its bytes per stored
+        token (``per="stored"``), per inserted token (``"inserted"``) or in
+        all (``"total"``), each bar labelled with its value and its ratio to
+        the first row. Needs matplotlib; returns the Axes (a new figure's
+        unless ``ax`` is given).
 
         >>> t = FootprintTable([dict(name="a", bytes=10, bytes_per_stored_token=1.0,
         ...                          bytes_per_inserted_token=0.5)], sequences=1, distinct=1,
