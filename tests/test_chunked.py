@@ -139,3 +139,20 @@ def test_chunks_slice_like_a_batch():
     k, a, b = part.tasks(rows=4)
     assert a[0] == 10 and b[-1] == 30 and (a[1:] == b[:-1]).all()
     assert 15 in a.tolist() and (b - a <= 4).all() and k.tolist() == [0] * 2 + [1] * 4
+
+
+def test_progress_slices_cut_across_chunks(monkeypatch):
+    from radix_soa._input import run as R
+
+    monkeypatch.setattr(R, "PROGRESS_STEP", 37)  # slices end inside chunks and span them
+    seqs = sequences(300, 5)
+    col = mixed_chunks(seqs, pa.int64(), False)
+    ref = NaiveSequenceSet()
+    seen = []
+    rc = rs.RadixCache()
+    new = rc.insert_batch(col, progress=lambda done, total: seen.append(done))
+    assert new.tolist() == [ref.insert(s) for s in seqs]
+    assert len(seen) > 20 and seen == sorted(seen) and seen[-1] == sum(map(len, seqs))
+    assert rc.match_length_batch(col, progress=lambda d, t: None).tolist() == \
+        [len(s) for s in seqs]
+    assert stored_set(rc) == ref.sorted()
