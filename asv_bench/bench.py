@@ -770,8 +770,11 @@ def section_containers(repeat):
                 t[mode] = time.perf_counter() - t0
                 best[mode] = min(best[mode], t[mode])
             ratios.append(t["default"] / t["serial"])
-        picks = "threads" if rows * 20 >= radix_soa._input.run.PARALLEL_MIN_TOKENS else "serial"
-        print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>7} per chunk): "
+        # several chunks: one chunk table, threads when the column is large enough
+        # (radix_soa._input.chunked); one chunk: that chunk's own choice
+        picks = ("threads" if flat.shape[0] >= radix_soa._input.run.PARALLEL_MIN_TOKENS
+                 else "serial") + (" for the table" if chunked.num_chunks > 1 else " for the chunk")
+        print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>21}): "
               f"serial {best['serial'] * 1e3:7.1f} ms, default {best['default'] * 1e3:7.1f} ms, "
               f"default/serial median {np.median(ratios):.3f}x")
     _chunk_counts(pa, max(5, repeat))
