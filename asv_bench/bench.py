@@ -799,8 +799,8 @@ def _chunk_counts(pa, repeat):
     flat = rng.integers(0, 30_000, int(offsets[-1]))
 
     def list_array(lo, hi):
-        return pa.ListArray.from_arrays(pa.array((offsets[lo:hi + 1] - offsets[lo]).astype(np.int32)),
-                                        pa.array(flat[offsets[lo]:offsets[hi]]))
+        rebased = (offsets[lo:hi + 1] - offsets[lo]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(rebased), pa.array(flat[offsets[lo]:offsets[hi]]))
 
     one = list_array(0, n)
     columns = {"one ListArray": one}

@@ -92,7 +92,8 @@ def test_the_command_lists_and_gets(mirror, tmp_path, capsys):
     assert "tiny\n  a tiny trace\n  format mooncake" in out and "traces get NAME --to DIR" in out
     assert main(["traces", "get", "tiny", "--to", str(tmp_path / "d"), "--no-progress"]) == 0
     got = capsys.readouterr()
-    assert got.out.strip() == str(tmp_path / "d" / "tiny" / "a.jsonl") and "study --trace" in got.err
+    assert got.out.strip() == str(tmp_path / "d" / "tiny" / "a.jsonl")
+    assert "study --trace" in got.err
     # a mirror given on the command line
     other = tmp_path / "other"
     (other / "t").mkdir(parents=True)

@@ -101,7 +101,7 @@ def test_insert_is_all_or_nothing_over_the_chunks():
     rc.insert([1, 2])
     before = stored_set(rc)
     late_empty = pa.chunked_array([pa.array([[5, 6], [7]]), pa.array([[8], []])])
-    with pytest.raises(ValueError, match=r"cannot insert an empty sequence \(sequence 3 of the batch\)"):
+    with pytest.raises(ValueError, match=r"an empty sequence \(sequence 3 of the batch\)"):
         rc.insert_batch(late_empty)
     too_big = pa.chunked_array([pa.array([[5, 6]]), pa.array([[7], [1 << 40]])])
     with pytest.raises(OverflowError, match="does not fit the tree's dtype int32"):

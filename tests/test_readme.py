@@ -217,7 +217,8 @@ def test_the_testing_guide_states_the_size_of_the_fast_suite():
     import subprocess
     import sys
 
-    stated = re.search(r"about ([\d,]+) tests", (ROOT / "docs" / "guide" / "testing.md").read_text())
+    guide = (ROOT / "docs" / "guide" / "testing.md").read_text()
+    stated = re.search(r"about ([\d,]+) tests", guide)
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "not slow", "--collect-only",
                            "-q", "-n", "0"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
