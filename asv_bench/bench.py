@@ -770,11 +770,81 @@ def section_containers(repeat):
                 t[mode] = time.perf_counter() - t0
                 best[mode] = min(best[mode], t[mode])
             ratios.append(t["default"] / t["serial"])
-        picks = "threads" if rows * 20 >= radix_soa._input.run.PARALLEL_MIN_TOKENS else "serial"
-        print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>7} per chunk): "
+        # several chunks: one chunk table, threads when the column is large enough
+        # (radix_soa._input.chunked); one chunk: that chunk's own choice
+        picks = ("threads" if flat.shape[0] >= radix_soa._input.run.PARALLEL_MIN_TOKENS
+                 else "serial") + (" for the table" if chunked.num_chunks > 1 else " for the chunk")
+        print(f"  {chunked.num_chunks:5,d} chunks of {rows:7,d} rows ({picks:>21}): "
               f"serial {best['serial'] * 1e3:7.1f} ms, default {best['default'] * 1e3:7.1f} ms, "
               f"default/serial median {np.median(ratios):.3f}x")
+    _chunk_counts(pa, max(5, repeat))
     print(f"  (section took {time.perf_counter() - t_start:.0f} s)")
+
+
+def _chunk_counts(pa, repeat):
+    """A column of 100,000 rows of 20-100 tokens as one ListArray and as 10,
+    100 and 1,000 chunks, each chunk with buffers of its own (as pyarrow
+    reads Parquet row groups): exists_batch, match_length_batch (serial) and
+    insert_batch into an empty cache, best CPU time of ``repeat`` rounds
+    (the calls take turns), chunked / one ListArray, with the chunk table
+    (the chunks read in place: radix_soa._input.chunked) and without it
+    (the per-chunk path: small chunks joined by a copy, the way before)."""
+    from radix_soa._input import batch as batch_module
+
+    n = size(100_000, 10_000)
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(20, 101, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = rng.integers(0, 30_000, int(offsets[-1]))
+
+    def list_array(lo, hi):
+        rebased = (offsets[lo:hi + 1] - offsets[lo]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(rebased), pa.array(flat[offsets[lo]:offsets[hi]]))
+
+    one = list_array(0, n)
+    columns = {"one ListArray": one}
+    for k in (10, 100, 1000):
+        rows = -(-n // k)
+        columns[f"{k:,} chunks"] = pa.chunked_array(
+            [list_array(i, min(n, i + rows)) for i in range(0, n, rows)])
+    rc = radix_soa.RadixCache()
+    rc.insert_batch(one.slice(0, n // 2))  # half the rows are hits
+    ops = {"exists_batch": lambda c: rc.exists_batch(c, parallel=False),
+           "match_length_batch": lambda c: rc.match_length_batch(c, parallel=False),
+           "insert_batch": lambda c: radix_soa.RadixCache().insert_batch(c)}
+    real_table = batch_module.chunk_table
+    modes = {"chunk table": real_table, "per chunk": lambda data: None}
+    want = {op: fn(one) for op, fn in ops.items()}
+    best = {}
+    for _ in range(repeat):
+        for op, fn in ops.items():
+            for mode, table in modes.items():
+                batch_module.chunk_table = table
+                try:
+                    for name, col in columns.items():
+                        if name == "one ListArray" and mode != "chunk table":
+                            continue
+                        t0 = time.process_time()
+                        got = fn(col)
+                        t = time.process_time() - t0
+                        if not np.array_equal(got, want[op]):
+                            raise AssertionError(f"{op} on {name} ({mode}) differs")
+                        key = (op, mode, name)
+                        best[key] = min(best.get(key, float("inf")), t)
+                finally:
+                    batch_module.chunk_table = real_table
+    print(f"\n[containers] {n:,} rows of 20-100 tokens in chunks with buffers of their own, "
+          f"best CPU time of {repeat}, chunked / one ListArray:")
+    for op in ops:
+        base = best[(op, "chunk table", "one ListArray")]
+        cells = []
+        for name in columns:
+            if name == "one ListArray":
+                continue
+            cells.append(f"{name}: {best[(op, 'chunk table', name)] / base:4.2f}x "
+                         f"(per chunk {best[(op, 'per chunk', name)] / base:4.2f}x)")
+        print(f"  {op:<19} ({base * 1e3:6.1f} ms)  " + ", ".join(cells))
 
 
 def section_sglang(repeat):

@@ -12,13 +12,20 @@ from ._kernels import descent as descent_kernels
 from ._kernels import ids as ids_kernels
 from ._kernels import mutation as mutation_kernels
 from ._kernels import walks as walks_kernels
+from ._kernels import chunks as chunk_kernels
 from ._kernels.layout import M_NODE_END, ROOM
 from ._input.sequence import as_tokens, check_fits
 from ._tree.storage import TreeStorage, batch_plan
 from ._input.validate import MAX_SEQUENCE_TOKENS, check_length
 from ._input.types import BatchLike, Parallel, Progress, TokenSequence
 from ._input.batch import as_batches
+from ._input.chunked import Chunks, check_chunks_fit
+from ._input.chunked import descend as chunked_descend
 from ._input.run import map_batches, run_batches
+
+
+_NO_INT = np.empty(0, np.int64)
+_NO_BOOL = np.empty(0, np.bool_)
 
 
 class RadixCache(TreeCache):
@@ -163,13 +170,16 @@ class RadixCache(TreeCache):
         [True, True, False]
         """
         self._writable()
-        batches = as_batches(batch)
+        batches = as_batches(batch, chunks=True)
         for b in batches:
             lengths = b.lengths
             if np.any(lengths == 0):
                 raise ValueError(f"cannot insert an empty sequence (sequence "
                                  f"{int(np.flatnonzero(lengths == 0)[0])} of the batch)")
-            check_fits(b.flat, self._s.dtype)
+            if isinstance(b, Chunks):
+                check_chunks_fit(b, self._s.dtype)
+            else:
+                check_fits(b.flat, self._s.dtype)
             if len(b):
                 check_length(int(lengths.max()), "a sequence of the batch")
         grew: list = []
@@ -187,12 +197,13 @@ class RadixCache(TreeCache):
     def _insert_csr(self, b, new, grew):
         s = self._s
         cursor = np.zeros(1, np.int64)
-        s.run(
-            lambda: mutation_kernels.radix_insert_batch(
-                s.arrays, s.root, b.flat, b.offsets, cursor, new
-            ),
-            plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"), grew),
-        )
+        if isinstance(b, Chunks):
+            call = lambda: chunk_kernels.insert_chunks(  # noqa: E731
+                s.arrays, s.root, *b.args, b.lo, b.hi, b.like, cursor, new)
+        else:
+            call = lambda: mutation_kernels.radix_insert_batch(  # noqa: E731
+                s.arrays, s.root, b.flat, b.offsets, cursor, new)
+        s.run(call, plan=batch_plan(b, cursor, s.count("tokens"), s.count("nodes"), grew))
 
     def exists_batch(self, batch: BatchLike, parallel: Parallel = None, *,
                      progress: Progress = False) -> np.ndarray:
@@ -216,14 +227,18 @@ class RadixCache(TreeCache):
         """
         s = self._s
         return run_batches(
-            as_batches(batch),
+            as_batches(batch, chunks=True),
             np.bool_,
             parallel,
             lambda b, res: self._read_released(
-                lambda: descent_kernels.exists_batch(*s.exists_args, s.root, b.flat, b.offsets, res)
+                lambda: chunked_descend(s.exists_args, s.root, b, 1, True, res, _NO_INT)
+                if isinstance(b, Chunks) else
+                descent_kernels.exists_batch(*s.exists_args, s.root, b.flat, b.offsets, res)
             ),
             lambda b, res: self._read(
-                lambda: descent_kernels.exists_batch_parallel(*s.exists_args, s.root, b.flat, b.offsets, res)
+                lambda: chunked_descend(s.exists_args, s.root, b, 1, True, res, _NO_INT, True)
+                if isinstance(b, Chunks) else
+                descent_kernels.exists_batch_parallel(*s.exists_args, s.root, b.flat, b.offsets, res)
             ),
             progress,
         )
@@ -240,14 +255,18 @@ class RadixCache(TreeCache):
         """
         s = self._s
         return run_batches(
-            as_batches(batch),
+            as_batches(batch, chunks=True),
             np.int64,
             parallel,
             lambda b, res: self._read_released(
-                lambda: descent_kernels.match_batch(*s.match_args, s.root, b.flat, b.offsets, 1, res)
+                lambda: chunked_descend(s.match_args, s.root, b, 1, False, _NO_BOOL, res)
+                if isinstance(b, Chunks) else
+                descent_kernels.match_batch(*s.match_args, s.root, b.flat, b.offsets, 1, res)
             ),
             lambda b, res: self._read(
-                lambda: descent_kernels.match_batch_parallel(
+                lambda: chunked_descend(s.match_args, s.root, b, 1, False, _NO_BOOL, res, True)
+                if isinstance(b, Chunks) else
+                descent_kernels.match_batch_parallel(
                     *s.match_args, s.root, b.flat, b.offsets, 1, res
                 )
             ),

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
+
 import radix_soa
 from radix_soa import workloads
 from radix_soa.cli import default_capacities, main
 from radix_soa.studies.study import generated_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = data_paths.TRACES
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # a small built-in workload for most tests
@@ -284,6 +286,35 @@ def test_plot_panels_title_and_ticks(capsys, tmp_path, monkeypatch):
     assert rendered_overlaps(figures[0]) == []
 
 
+def test_plot_puts_each_rate_beside_its_unbounded_value_in_the_same_unit(
+        capsys, tmp_path, monkeypatch):
+    """On a block trace the token rate (which counts the partial last
+    block) is drawn with its own unbounded line, not against the block
+    rate's; the middle panel says it is a share."""
+    pytest.importorskip("matplotlib")
+    from radix_soa.cli import study as cli_study
+    figures = []
+    real = cli_study.plot_figure
+    monkeypatch.setattr(cli_study, "plot_figure", lambda *a, **k: figures.append(real(*a, **k))
+                        or figures[-1])
+    path = write_mooncake(tmp_path / "mini.jsonl", MOONCAKE_ROWS)
+    code, _, err = run(capsys, "study", "--trace", str(path), "--points", "4", "--plot",
+                       str(tmp_path / "a.png"))
+    assert code == 0, err
+    hits, requests, _ = figures[0].axes
+    curves = [ln for ln in hits.get_lines() if len(ln.get_xdata()) > 2]
+    flat = [ln for ln in hits.get_lines() if len(set(ln.get_ydata())) == 1
+            and ln not in curves]
+    labels = {ln.get_label().split(" (")[0] for ln in curves}
+    assert labels == {"hit rate", "token hit rate"}
+    for curve in curves:
+        (mine,) = [ln for ln in flat if ln.get_color() == curve.get_color()]
+        assert max(curve.get_ydata()) <= mine.get_ydata()[0] + 1e-12, curve.get_label()
+    units = sorted(ln.get_label().split(" (")[0] for ln in flat)
+    assert units == ["unbounded, blocks", "unbounded, tokens"]
+    assert requests.get_ylabel().startswith("share of requests")
+
+
 def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     line = assert_usage_error(capsys, "study", "--plot", str(tmp_path / "x.png"))
@@ -369,6 +400,23 @@ def test_capacities_in_tokens_and_bytes_of_kv(capsys, tmp_path):
     assert rows[0][:3] == ["39.9", "GB", "476"]
     assert "at 163,840 bytes per token" in out
     assert "summary: 39.9 GB of KV (243,712 tokens, 476 blocks) is the smallest" in out
+    # the rounding down to whole blocks is said, not left for the reader to spot
+    assert lines[2] == ("capacities are whole blocks (83.9 MB each), rounded down: "
+                        "40.0 GB -> 39.9 GB (476 blocks)")
+    code, out, err = run(capsys, "study", *trace, "--kv-bytes-per-token", "160KiB",
+                         "--capacities", "1GB,10GB", "--host-capacity", "1GB")
+    assert code == 0, err
+    assert out.splitlines()[2] == (
+        "capacities are whole blocks (83.9 MB each), rounded down: 1.00 GB -> 923 MB "
+        "(11 blocks), 10.0 GB -> 9.98 GB (119 blocks), host tier 1.00 GB -> 923 MB (11 blocks)")
+    assert doc["capacities_asked"] == [1 << 30, 40 * 10**9] and "40.0 GB -> 39.9 GB" in \
+        doc["rounding"]
+    whole = run_json(capsys, *trace, "--kv-bytes-per-token", "160KiB", "--capacities",
+                     f"{3 * 512 * 163840}B")
+    assert whole["capacities"] == [3] and whole["rounding"] is None
+    assert by_tokens["rounding"] == ("capacities are whole blocks (512 tokens each), rounded "
+                                     "down: 1,100 tokens -> 1,024 tokens (2 blocks), 3,100 "
+                                     "tokens -> 3,072 tokens (6 blocks)")
 
 
 def test_traces_from_gzip_and_standard_input_with_the_format_detected(capsys, tmp_path,
@@ -436,7 +484,8 @@ def test_the_default_subcommand_is_study_unless_the_options_are_builds(capsys):
     (["--capacities", "1.5"], "a fraction needs a suffix"),
     (["--capacities", "1.0005k"], "is not a whole number"),
     (["--capacities", "40XB"], "is not an integer"),
-    (["--host-capacity", "-3"], "host capacity must be >= 0"),
+    (["--host-capacity", "-3"], "--host-capacity must be >= 0"),
+    (["--kv-bytes-per-token", "-5"], "--kv-bytes-per-token must be >= 1, got -5"),
     (["--warmup", "1"], "warmup must be in [0, 1)"),
     (["--warmup", "half"], "expected a number in [0, 1)"),
     (["--warmup", "nan"], "warmup must be in [0, 1)"),

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
 from hypothesis import given, strategies as st
 
 import radix_soa as rs
@@ -15,7 +17,7 @@ from radix_soa.baselines.cluster_reference import cluster_reference
 from radix_soa.studies.cluster import ROUTERS as CLUSTER_ROUTERS
 from radix_soa.studies.traces import Trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = data_paths.TRACES
 ROUTERS = list(CLUSTER_ROUTERS)
 
 

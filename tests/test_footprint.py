@@ -2,6 +2,7 @@
 SequenceHashSet), each checked against plain Python computations."""
 
 import json
+import sys
 import tracemalloc
 
 import numpy as np
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.xdist_group("footprint")
 from radix_soa.baselines.reference import ReferenceRadixTree
 
 NAMES = ["RadixCache int64", "RadixCache int32", "token trie", "sequence hash set",
-         "Python set of tuples", "Python radix tree"]
+         "Python set of tuples", "Python dict-of-dicts trie", "Python radix tree"]
 
 
 # ---------------------------------------------------------------- obvious models
@@ -207,6 +208,7 @@ def test_compare_footprint_counts_match_python_models(seqs):
     assert t.tokens_inserted == sum(len(s) for s in seqs)
     assert t.tokens_stored == len(distinct_prefixes(seqs))
     assert t.row("token trie")["nodes"] == t.tokens_stored
+    assert t.row("Python dict-of-dicts trie")["nodes"] == t.tokens_stored
     ref = ReferenceRadixTree()
     for s in seqs:
         ref.insert(s)
@@ -283,7 +285,34 @@ def test_python_rows_count_short_tuples_from_free_lists():
     assert t.row("Python set of tuples")["bytes"] >= floor
 
 
-PY_ROWS = ("Python set of tuples", "Python radix tree")
+def test_the_dict_of_dicts_trie_row_holds_a_dict_per_stored_token(chat):
+    """The hand-written baseline: one dict (>= 64 bytes empty) per stored
+    token, so it costs more than the token trie's arrays many times over."""
+    seqs, t = chat
+    row = t.row("Python dict-of-dicts trie")
+    assert row["measured"] == "tracemalloc" and row["allocated_bytes"] is None
+    assert row["bytes"] >= t.tokens_stored * sys.getsizeof({})
+    assert row["bytes"] >= 5 * t.row("RadixCache int64")["bytes"]
+
+
+def test_the_table_plots_a_bar_per_row(chat):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, t = chat
+    for per, key in (("stored", "bytes_per_stored_token"), ("total", "bytes")):
+        ax = t.plot(per=per)
+        bars = ax.patches
+        assert [b.get_width() for b in bars] == [r[key] for r in t.rows]
+        assert [tick.get_text() for tick in ax.get_yticklabels()] == NAMES
+        assert ax.get_xscale() == "log"
+        plt.close(ax.figure)
+    with pytest.raises(ValueError, match="per must be one of"):
+        t.plot(per="node")
+
+
+PY_ROWS = ("Python set of tuples", "Python dict-of-dicts trie", "Python radix tree")
 
 
 @pytest.mark.slow

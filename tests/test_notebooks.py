@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+import data_paths
+
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb")) if NOTEBOOK_DIR.is_dir() else []
-# the shared data beside the checkout, which the notebooks' stored outputs were made with
-SHARED_DATA = NOTEBOOK_DIR.parent.parent / "shared" / "data"
+# the traces the notebooks' stored outputs were made with: ../shared/data/traces beside
+# the checkout, or a copy named by $RADIX_SOA_TRACES (which the notebooks read too)
+SHARED_DATA = data_paths.TRACES
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in the kernel's tracebacks
 
 
@@ -41,6 +44,18 @@ def test_notebook_dir_holds_executed_notebooks():
         assert code and all(c.get("execution_count") is not None for c in code) \
             and any(c.get("outputs") for c in code), \
             f"{path.name} is stored unexecuted: run python notebooks/execute.py"
+
+
+def test_the_notebooks_read_the_traces_where_radix_soa_traces_says():
+    nbformat = pytest.importorskip("nbformat")
+    reading = 0
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "shared/data" in cell.source:
+                reading += 1
+                assert 'os.environ.get("RADIX_SOA_TRACES", "../../shared/data/traces")' in \
+                    cell.source, f"{path.name} reads the traces at a fixed path"
+    assert reading >= 5
 
 
 def test_the_comparison_masks_what_varies_and_nothing_else():

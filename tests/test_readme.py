@@ -24,12 +24,15 @@ from pathlib import Path
 
 import pytest
 
+import data_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
 DOCS = [README] + GUIDE
 SHARED = ROOT.parent / "shared"
 NEEDS_DATA = "<!-- needs: ../shared/data -->"
+TRACES = data_paths.TRACES  # $RADIX_SOA_TRACES, which the data blocks read too
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
@@ -67,13 +70,32 @@ def _is_print(node):
             and node.func.id == "print")
 
 
+def _is_main_guard(stmt):
+    """``if __name__ == "__main__":`` (a block written to run as a script)."""
+    t = stmt.test if isinstance(stmt, ast.If) else None
+    return (t is not None and not stmt.orelse and isinstance(t, ast.Compare)
+            and isinstance(t.left, ast.Name) and t.left.id == "__name__"
+            and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+            and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__")
+
+
+def _unguarded(body):
+    """The statements of a block, a main guard's body run as the block's own
+    (so its stated values are checked too)."""
+    for stmt in body:
+        if _is_main_guard(stmt):
+            yield from stmt.body
+        else:
+            yield stmt
+
+
 def run_block(line, code, ns, doc=README):
     """Run ``code`` statement by statement in ``ns``; error tracebacks name
     the document and its line numbers. Returns how many claims were checked."""
     source = "\n" * (line - 1) + code
     lines = source.splitlines()
     checked = 0
-    for stmt in ast.parse(source, str(doc)).body:
+    for stmt in _unguarded(ast.parse(source, str(doc)).body):
         expected = None
         if (isinstance(stmt, ast.Expr) and stmt.lineno == stmt.end_lineno
                 and not _is_print(stmt.value)):
@@ -140,12 +162,78 @@ DATA_DOCS = [d for d in DOCS if any(needs for *_, needs in blocks("python", d))]
 
 
 @pytest.mark.parametrize("doc", DATA_DOCS, ids=lambda d: d.name)
-def test_every_python_block_runs_on_its_own_with_the_data(checkout, doc):
-    if not (SHARED / "data" / "traces").is_dir():
-        pytest.skip(f"{SHARED / 'data' / 'traces'} is absent: the trace blocks need the "
-                    "real traces")
+def test_every_python_block_runs_on_its_own_with_the_data(checkout, doc, monkeypatch):
+    if not TRACES.is_dir():
+        pytest.skip(f"{TRACES} is absent: the trace blocks need the real traces "
+                    "(RADIX_SOA_TRACES names a copy)")
+    monkeypatch.setenv(data_paths.ENV, str(TRACES.resolve()))  # the blocks run elsewhere
     ran, _ = run_doc(doc, include_data=True)
     assert ran == len(blocks("python", doc))
+
+
+def test_the_data_blocks_read_the_traces_where_radix_soa_traces_says(tmp_path, monkeypatch):
+    """With no ../shared beside the checkout, the data blocks read the
+    directory ``RADIX_SOA_TRACES`` names (here a small trace in the shared
+    data's layout)."""
+    work = tmp_path / "radix_soa"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    mine = tmp_path / "my-traces" / "mooncake-fast25"
+    mine.mkdir(parents=True)
+    (mine / "conversation_trace.jsonl").write_text("".join(
+        f'{{"timestamp": {i}, "input_length": 1024, "output_length": 1, '
+        f'"hash_ids": [0, {i + 1}]}}\n' for i in range(50)))
+    monkeypatch.setenv(data_paths.ENV, str(tmp_path / "my-traces"))
+    doc = ROOT / "docs" / "guide" / "studies.md"
+    line, code, _ = next(b for b in blocks("python", doc) if b[2])
+    ns = {"__name__": "__doc_block__"}
+    run_block(line, code, ns, doc)
+    assert len(ns["tr"]) == 50
+
+
+@pytest.mark.slow
+def test_the_dask_block_runs_as_a_script(tmp_path):
+    """Pasted into a file and run with ``python``: the workers are spawned
+    processes, which import the script again, so the block carries its main
+    guard."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask.distributed")
+    doc = ROOT / "docs" / "guide" / "dask.md"
+    (line, code, _), = [b for b in blocks("python", doc) if "LocalCluster(" in b[1]]
+    assert any(_is_main_guard(stmt) for stmt in ast.parse(code).body)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_testing_guide_states_the_size_of_the_fast_suite():
+    """docs/guide/testing.md's count of the fast tests, within 10% of what
+    pytest collects (it had fallen 15% behind)."""
+    import subprocess
+    import sys
+
+    guide = (ROOT / "docs" / "guide" / "testing.md").read_text()
+    stated = re.search(r"about ([\d,]+) tests", guide)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "not slow", "--collect-only",
+                           "-q", "-n", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    counts = re.findall(r"^\S+: (\d+)$", done.stdout, re.M)
+    assert counts, done.stdout[-2000:] + done.stderr[-2000:]
+    collected = sum(map(int, counts))
+    assert abs(int(stated.group(1).replace(",", "")) - collected) <= 0.1 * collected, collected
+
+
+def test_a_main_guard_is_run_and_its_values_checked():
+    code = 'import math\nif __name__ == "__main__":\n    x = 2\n    x + 1  # 3\n'
+    ns = {"__name__": "__doc_block__"}
+    assert run_block(1, code, ns) == 1 and ns["x"] == 2
+    with pytest.raises(AssertionError, match="gives 3"):
+        run_block(1, code.replace("# 3", "# 4"), {"__name__": "__doc_block__"})
 
 
 def quick_start():

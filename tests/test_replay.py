@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
 from hypothesis import given, strategies as st
 
 import radix_soa as rs
@@ -13,7 +15,7 @@ from radix_soa import replay, sweep
 from radix_soa.baselines.replay_reference import replay_reference
 from radix_soa.studies.traces import Trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = data_paths.TRACES
 
 
 # fields that measure the implementation itself, not what the replay found

@@ -286,6 +286,7 @@ def test_a_post_for_an_unknown_worker_is_refused_unless_new_workers_are_allowed(
     try:
         st, out = call(svc, "POST", "/events", {"worker": "wO", "events": []})  # a typo of w0
         assert st == 400 and "unknown worker 'wO'" in out["error"]
+        assert "--allow-new-workers" in out["error"]  # what the command line calls it
         assert call(svc, "GET", "/workers")[1]["workers"][0]["id"] == "w0"
         assert len(call(svc, "GET", "/workers")[1]["workers"]) == 1
     finally:
@@ -388,11 +389,19 @@ def assert_usage_error(capsys, *argv):
     (["--event-hash-seed", "1"], "needs --event-hash sha256_cbor"),
     (["--cache-threshold", "-1"], "must be a number >= 0"),
     (["--max-bytes", "100"], "--max-bytes must be >= 4096"),
+    (["--max-bytes", "-5"], "--max-bytes must be >= 4096, got -5"),
     (["--max-bytes", "lots"], "is not an integer"),
     (["--host", "256.0.0.1", "--port", "0"], "256.0.0.1"),
 ])
 def test_router_cli_errors_exit_2_with_one_line(capsys, argv, expect):
     assert expect in assert_usage_error(capsys, "router", *argv)
+
+
+def test_router_cli_names_its_flags_not_python_keywords(capsys, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    line = assert_usage_error(capsys, "router", "--event-hash", "sha256_cbor")
+    assert "--event-hash sha256_cbor needs --event-hash-seed" in line
+    assert "event_hash" not in line
 
 
 def test_router_cli_serves_until_interrupted():

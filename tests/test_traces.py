@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import data_paths  # $RADIX_SOA_TRACES, else ../shared/data/traces
+
 from radix_soa.studies.traces import (
     FORMATS,
     Trace,
@@ -23,7 +25,7 @@ from radix_soa.studies.traces import (
     load_trace,
 )
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+DATA = data_paths.TRACES
 MOONCAKE = DATA / "mooncake-fast25"
 KV = DATA / "kv-cache-tester-claude-code"
 

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .arrow import arrow_csr, arrow_data, objects_csr
+from .chunked import chunk_table
 from .sequence import as_tokens, has_bool
 from .types import BatchLike
 
@@ -297,10 +298,14 @@ def _concatenate(parts):
 JOIN_TOKENS = 1 << 16
 
 
-def as_batches(obj):
+def as_batches(obj, chunks=False):
     """The one dispatcher of batch input: every accepted input as a list of
     ``Batch`` (a chunked Arrow column's large chunks each a zero-copy view
     where the layout allows, runs of small ones joined: ``JOIN_TOKENS``).
+    ``chunks=True`` (for a caller with chunk kernels,
+    ``radix_soa._kernels.chunks``): a chunked column of int32/int64 lists
+    comes as one ``radix_soa._input.chunked.Chunks`` instead, its chunks read
+    in place (no join, no copy).
 
     Accepted: a ``Batch``; a ``(flat, offsets)`` tuple of two NumPy arrays;
     an object whose type has a ``__radix_batch__(self)`` method returning a
@@ -324,13 +329,13 @@ def as_batches(obj):
     if _is_csr_pair(obj):
         return [csr(*obj)]
     if not isinstance(obj, (list, tuple, np.ndarray)):
-        foreign = _foreign_batches(obj)
+        foreign = _foreign_batches(obj, chunks)
         if foreign is not None:
             return foreign
     return [_pack_containers(obj)]
 
 
-def _foreign_batches(obj):
+def _foreign_batches(obj, chunks=False):
     """Arrow data or a pandas series as batches, or None for anything else."""
     if type(obj).__module__.startswith("pandas") and hasattr(obj, "dtype"):
         if type(obj.dtype).__name__ != "ArrowDtype":  # object lists: no Arrow in them
@@ -338,6 +343,10 @@ def _foreign_batches(obj):
     data = arrow_data(obj)
     if data is None:
         return None
+    if chunks:
+        table = chunk_table(data)
+        if table is not None:
+            return [table]
     return _joined([Batch(flat, offsets) for flat, offsets in arrow_csr(data)])
 
 

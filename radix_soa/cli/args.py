@@ -64,10 +64,10 @@ class Quantity(int):
     in_bytes = False
 
 
-def size(text, what="capacity"):
-    """``"40GB"``, ``"160KiB"``, ``"1.5M"``, ``"2_000"`` -> a non-negative
-    ``Quantity`` (decimal prefixes k M G T P, binary Ki Mi Gi Ti Pi, and a
-    ``B`` that makes it bytes).
+def size(text, what="capacity", minimum=0):
+    """``"40GB"``, ``"160KiB"``, ``"1.5M"``, ``"2_000"`` -> a ``Quantity``
+    of at least ``minimum`` (decimal prefixes k M G T P, binary Ki Mi Gi Ti
+    Pi, and a ``B`` that makes it bytes); errors name ``what`` (the flag).
 
     >>> size("40GB"), size("40GB").in_bytes, size("2M").in_bytes
     (40000000000, True, False)
@@ -88,11 +88,11 @@ def size(text, what="capacity"):
         raise argparse.ArgumentTypeError(f"{what} {text[:40]!r} is not a number") from None
     if value != value.to_integral_value():
         raise argparse.ArgumentTypeError(f"{what} {text[:40]!r} is not a whole number")
-    value = int(value)
-    if t.startswith("-") and value:
-        raise argparse.ArgumentTypeError(f"{what} must be >= 0, got {text[:40]}")
+    value = -int(value) if t.startswith("-") else int(value)
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {text[:40]}")
     try:
-        q = Quantity(check_int(what, value, minimum=0))
+        q = Quantity(check_int(what, value, minimum=minimum))
     except (ValueError, OverflowError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     q.in_bytes = in_bytes
@@ -137,14 +137,11 @@ def capacity_unit(args):
 
 
 def host_size(text):
-    return size(text, "host capacity")
+    return size(text, "--host-capacity")
 
 
 def kv_bytes(text):
-    v = size(text, "--kv-bytes-per-token")
-    if v < 1:
-        raise argparse.ArgumentTypeError("--kv-bytes-per-token must be >= 1")
-    return v
+    return size(text, "--kv-bytes-per-token", minimum=1)
 
 
 def warmup_arg(text):

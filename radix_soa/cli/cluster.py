@@ -12,7 +12,7 @@ from ..studies.cluster import sweep_cluster
 from ..studies.study import default_capacities
 from .plots import plot_cluster_figure
 from .progress import Progress, progress_enabled
-from .output import describe, jsonable
+from .output import describe, jsonable, rounding_line
 
 
 CLUSTER_POINTS = 4
@@ -97,6 +97,9 @@ def cluster_study(args, trace, desc, t_start):
           f"{', '.join(routers)}); capacity per worker in {report.id_unit(bs)}; page size "
           f"{args.page_size}, eviction {args.eviction_policy}; load from the trace's "
           f"timestamps and output lengths (see radix_soa.studies.cluster)")
+    rounded = rounding_line(args, bs)
+    if rounded:
+        print(rounded)
     print()
     print(result.table())
     summary = cluster_summary(rows)

@@ -45,6 +45,37 @@ def settings_line(args, trace, footprint, unbounded):
             f"{'id' if args.page_size == 1 else 'ids'}, {host}{scored}")
 
 
+def rounding_line(args, block_size):
+    """A line saying which capacities asked for were rounded down to whole
+    ids (``10GB`` of 512-token blocks at 160 KiB a token is 119 blocks:
+    9.98 GB), or None when every one is whole."""
+    unit, kvb = args.capacity_unit, args.kv_bytes_per_token
+    if unit == "ids":
+        return None
+    name = report.id_unit(block_size)
+    given = [("", c) for c in args.capacities or []]
+    if args.host_capacity is not None:
+        given.append(("host tier ", args.host_capacity))
+
+    def show(x, other):
+        if unit == "tokens":
+            return f"{int(x):,} tokens"
+        short = report.human_bytes(x)
+        return short if short != report.human_bytes(other) else f"{int(x):,} B"
+
+    parts = []
+    for label, asked in given:
+        ids = report.capacity_to_ids(asked, unit, block_size, kvb)
+        got = report.ids_to_capacity(ids, unit, block_size, kvb)
+        if got != asked:
+            parts.append(f"{label}{show(asked, got)} -> {show(got, asked)} ({ids:,} {name})")
+    if not parts:
+        return None
+    one = report.ids_to_capacity(1, unit, block_size, kvb)
+    each = report.human_bytes(one) if unit == "bytes" else f"{one:,} tokens"
+    return (f"capacities are whole {name} ({each} each), rounded down: " + ", ".join(parts))
+
+
 def in_units(ids, args, block_size):
     """``ids`` said in the chosen unit, with ids beside when they differ."""
     name = report.id_unit(block_size)

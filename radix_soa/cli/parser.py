@@ -130,13 +130,17 @@ def build_parser():
     t = sub.add_parser("traces", help="the public traces the loaders read; download one",
                        description="List the public request traces radix-soa reads (where "
                                    "each comes from, its format and license), or download "
-                                   "one: traces get NAME --to DIR. Every file is checked "
-                                   "(SHA-256 or git blob id) before it is kept.")
+                                   "one: traces get NAME --to DIR puts its files in "
+                                   "DIR/NAME/. Every file is checked (SHA-256 or git blob id) "
+                                   "before it is kept.")
     t.add_argument("action", nargs="?", choices=["get"], help="get: download a trace")
     t.add_argument("name", nargs="?", help="the trace to get (as listed)")
-    t.add_argument("--to", metavar="DIR", help="directory to put the files in")
-    t.add_argument("--from", dest="mirror", metavar="URL",
-                   help="a mirror's base URL (or file:// directory) holding the same paths")
+    t.add_argument("--to", metavar="DIR",
+                   help="where to put the files (in DIR/NAME/, a directory per trace)")
+    t.add_argument("--from", dest="mirror", metavar="DIR|URL",
+                   help="a mirror: a directory or base URL holding the source's paths, the "
+                        "shared data's layout (mooncake-fast25/FILE, "
+                        "kv-cache-tester-claude-code/FILE) or the files themselves")
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="bytes downloaded on stderr (default: only on a terminal)")
     t.set_defaults(func=traces_command)

@@ -16,9 +16,10 @@ def compact_number(x, _pos=None):
 
 
 def plot_figure(sweep_result, unbounded, memory, x_label, title, x_scale=1.0):
-    """The study as a matplotlib ``Figure``: hit rates (top), the share of
-    requests with any hit (middle, its own axis: it sits near 1 on traces
-    with a shared system prompt) and the replay's peak index memory
+    """The study as a matplotlib ``Figure``: hit rates (top; each beside its
+    unbounded value in the same unit: ids, and tokens on a block trace), the
+    share of requests with any hit (middle, its own axis: it sits near 1 on
+    traces with a shared system prompt) and the replay's peak index memory
     (bottom), against capacity (``x_scale`` converts ids to the x unit)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -32,24 +33,31 @@ def plot_figure(sweep_result, unbounded, memory, x_label, title, x_scale=1.0):
     FigureCanvasAgg(fig)
     ax_hit, ax_req, ax_mem = fig.subplots(3, 1, sharex=True,
                                           gridspec_kw={"height_ratios": [3, 1.2, 1.5]})
+    # each rate beside its own unbounded value, in the same unit and colour: a
+    # block trace's token rate counts the partial last block and may pass the
+    # unbounded *block* rate, never the unbounded token rate
     rates = [r.hit_rate for r in results]
-    ax_hit.plot(caps, rates, "o-", label=f"hit rate ({ids})")
+    ax_hit.plot(caps, rates, "o-", color="tab:blue", label=f"hit rate ({ids})")
+    ax_hit.axhline(unbounded.hit_rate, color="tab:blue", linestyle=":",
+                   label=f"unbounded, {ids} ({unbounded.hit_rate:.3f})")
     top = max(rates + [unbounded.hit_rate])
     if bs > 1:
         tok = [r.token_hit_rate for r in results]
-        ax_hit.plot(caps, tok, "d-", alpha=0.8, label="token hit rate (kvcache-simulator)")
-        top = max(top, *tok)
+        ax_hit.plot(caps, tok, "d-", color="tab:orange", alpha=0.8,
+                    label="token hit rate (kvcache-simulator)")
+        ax_hit.axhline(unbounded.token_hit_rate, color="tab:orange", linestyle=":",
+                       label=f"unbounded, tokens ({unbounded.token_hit_rate:.3f})")
+        top = max(top, unbounded.token_hit_rate, *tok)
     if any(r.host_hit_rate for r in results):
         both = [r.prefill_saved_fraction for r in results]
-        ax_hit.plot(caps, both, "^-", label="prefill saved (device + host, tokens)")
+        ax_hit.plot(caps, both, "^-", color="tab:red",
+                    label="prefill saved (device + host, tokens)")
         top = max(top, *both)
-    ax_hit.axhline(unbounded.hit_rate, color="grey", linestyle=":",
-                   label=f"unbounded hit rate ({unbounded.hit_rate:.3f})")
     ax_hit.set_ylim(0, min(1.0, top * 1.1) or 1.0)
     ax_hit.set_ylabel("hit rate")
     ax_hit.legend(loc="lower right", fontsize=8)
     ax_req.plot(caps, [r.request_hit_rate for r in results], "s--", color="tab:purple")
-    ax_req.set_ylabel("requests\nwith a hit")
+    ax_req.set_ylabel("share of requests\nwith a hit")
     ax_req.set_ylim(0, 1.05)
     ax_mem.plot(caps, [r.peak_index_bytes / 1e6 for r in results], "o-", color="tab:green",
                 label="replay index, peak")

@@ -3,6 +3,7 @@ the workers named by ``--worker``, subscribed to their vLLM KV-event
 publishers, until SIGINT or SIGTERM."""
 
 import argparse
+import os
 import re
 import sys
 
@@ -81,7 +82,8 @@ def add_parser(sub, bounded, pos_int, size):
                    help="the block hash of the events: sha256_cbor for vLLM's (default fast64)")
     r.add_argument("--event-hash-seed", default=None, metavar="S",
                    help="vLLM's hash seed (PYTHONHASHSEED of the engines) for sha256_cbor")
-    r.add_argument("--max-bytes", type=lambda t: size(t, "--max-bytes"), default=None,
+    r.add_argument("--max-bytes", type=lambda t: size(t, "--max-bytes", minimum=4096),
+                   default=None,
                    metavar="B", help="bound the index's memory (e.g. 512MiB)")
     r.add_argument("--policy", choices=list(POLICIES), default="cache_aware",
                    help="the default routing policy of /route (default cache_aware)")
@@ -117,8 +119,11 @@ def router(args):
         raise UsageError(f"--worker {dup} is given twice")
     if args.event_hash_seed is not None and args.event_hash != "sha256_cbor":
         raise UsageError("--event-hash-seed needs --event-hash sha256_cbor")
-    if args.max_bytes is not None and args.max_bytes < 4096:
-        raise UsageError(f"--max-bytes must be >= 4096; got {int(args.max_bytes)}")
+    if (args.event_hash == "sha256_cbor" and args.event_hash_seed is None
+            and os.environ.get("PYTHONHASHSEED") is None):
+        raise UsageError("--event-hash sha256_cbor needs --event-hash-seed S (the engines' "
+                         "PYTHONHASHSEED) or PYTHONHASHSEED set: vLLM's NONE_HASH is random "
+                         "without it")
     index = RouterIndex(args.page_size, workers=ids, event_hash=args.event_hash,
                         event_hash_seed=args.event_hash_seed, strict=False,
                         max_bytes=None if args.max_bytes is None else int(args.max_bytes))

@@ -17,7 +17,7 @@ from ..studies.study import (DEFAULT_POINTS, DEFAULT_REQUESTS, DEFAULT_WORKLOAD,
 from .args import UsageError, capacity_unit
 from .plots import plot_figure
 from .output import (describe, in_units, json_summary, jsonable, memory_lines,
-                     settings_line, units)
+                     rounding_line, settings_line, units)
 from .cluster import cluster_study
 from .progress import LoadProgress, Progress, progress_enabled
 
@@ -154,6 +154,9 @@ def study(args):
             "capacities": [r.capacity for r in result.results],
             "capacities_in_unit": [report.ids_to_capacity(r.capacity, unit, bs, kvb)
                                    for r in result.results],
+            "capacities_asked": None if not args.capacities else [int(c) for c in
+                                                                  args.capacities],
+            "rounding": rounding_line(args, bs),
             "unbounded": json_summary(unbounded),
             "sweep": [json_summary(r) for r in result.results],
             "summary": {"line": summary, "share_of_unbounded": 0.9,
@@ -166,6 +169,9 @@ def study(args):
         return 0
     print(describe(desc, trace))
     print(settings_line(args, trace, footprint, unbounded))
+    rounded = rounding_line(args, bs)
+    if rounded:
+        print(rounded)
     print()
     print(report.table(result.results, unit, kvb))
     print()

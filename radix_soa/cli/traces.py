@@ -1,6 +1,7 @@
 """``radix-soa traces``: the public traces the loaders read (where each
 comes from, its format and license), and ``radix-soa traces get NAME --to
-DIR`` to download one, checked before it is kept."""
+DIR [--from DIR|URL]`` to download (or copy) one into ``DIR/NAME/``,
+checked before it is kept."""
 
 import sys
 
@@ -12,8 +13,8 @@ from .progress import progress_enabled
 def traces(args):
     if args.action is None:
         print(catalog.describe())
-        print(f"\nget one with: {PROG} traces get NAME --to DIR; then "
-              f"{PROG} study --trace DIR/FILE (the format is detected)")
+        print(f"\nget one with: {PROG} traces get NAME --to DIR (its files go in DIR/NAME/); "
+              f"then {PROG} study --trace PATH, the path it suggests (the format is detected)")
         return 0
     if args.to is None:
         raise UsageError("traces get needs --to DIR (where to put the files)")

@@ -300,7 +300,8 @@ class RouterService:
             # a typo must not become a worker that routes then prefer (no load, no cache)
             raise BadRequest(f"worker: unknown worker {name!r}; the workers are "
                              f"{', '.join(map(repr, v.names)) or 'none'} (start the service "
-                             "with allow_new_workers=True to let a POST add one)")
+                             "with --allow-new-workers, or allow_new_workers=True in "
+                             "Python, to let a POST add one)")
         w = v.ids[v.pos[name]] if name in v.pos else name
         try:
             self.index.apply(w, events, seq=seq)

@@ -57,7 +57,10 @@ class TraceFile:
 class PublicTrace:
     """A public trace: ``name`` (what ``get`` takes), what it is, its format
     (a ``load_trace`` format name), where it comes from (``base`` + each
-    file's path, pinned to a commit) and its license."""
+    file's path, pinned to a commit) and its license; ``folder``: the
+    directory a copy of the project's shared data keeps its files in
+    (``mooncake-fast25/``, ``kv-cache-tester-claude-code/``), which ``get``
+    also looks for under a mirror."""
 
     name: str
     title: str
@@ -67,6 +70,7 @@ class PublicTrace:
     base: str
     files: Tuple[TraceFile, ...]
     note: str = ""
+    folder: str = ""
 
     @property
     def size(self) -> Optional[int]:
@@ -80,25 +84,25 @@ TRACES: Tuple[PublicTrace, ...] = (
         "mooncake", "Apache-2.0", "github.com/kvcache-ai/Mooncake FAST25-release/traces",
         _MOONCAKE, (TraceFile("FAST25-release/traces/conversation_trace.jsonl", 3_029_533,
                               "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"),),
-        "512-token blocks; ids are prefix-chained hashes"),
+        "512-token blocks; ids are prefix-chained hashes", "mooncake-fast25"),
     PublicTrace(
         "mooncake-synthetic", "Mooncake FAST'25, synthetic (Poisson arrivals, 3,993 requests)",
         "mooncake", "Apache-2.0", "github.com/kvcache-ai/Mooncake FAST25-release/traces",
         _MOONCAKE, (TraceFile("FAST25-release/traces/synthetic_trace.jsonl", 1_136_313,
                               "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"),),
-        "512-token blocks"),
+        "512-token blocks", "mooncake-fast25"),
     PublicTrace(
         "mooncake-toolagent", "Mooncake FAST'25, tool & agent (23,608 requests)",
         "mooncake", "Apache-2.0", "github.com/kvcache-ai/Mooncake FAST25-release/traces",
         _MOONCAKE, (TraceFile("FAST25-release/traces/toolagent_trace.jsonl",
                               git_blob="b765599d1e08"),),
-        "512-token blocks; checked by its git blob id"),
+        "512-token blocks; checked by its git blob id", "mooncake-fast25"),
     PublicTrace(
         "mooncake-arxiv", "Mooncake arXiv report, Table 1 (23,608 requests)",
         "mooncake", "Apache-2.0", "github.com/kvcache-ai/Mooncake FAST25-release/arxiv-trace",
         _MOONCAKE, (TraceFile("FAST25-release/arxiv-trace/mooncake_trace.jsonl",
                               git_blob="d68d1c6ce27b"),),
-        "512-token blocks; checked by its git blob id"),
+        "512-token blocks; checked by its git blob id", "mooncake-fast25"),
     PublicTrace(
         "kvcache-tester-claude-code",
         "Claude Code agent sessions (WEKA kv-cache-tester), 12 of its 739 conversations",
@@ -117,7 +121,8 @@ TRACES: Tuple[PublicTrace, ...] = (
             ("0601", 375_894, "782ee3edc15955b58365ebf743ffed424138bf3bfeefae4a5d67d19d3ce708cb"),
             ("0716", 798_870, "4dde52060e17ff113fdfa8542a571d485f7befb66fffc696a3c4383720bc4379"),
         )),
-        "64-token blocks; ids local to each file (load the directory: one namespace a file)"),
+        "64-token blocks; ids local to each file (load the directory: one namespace a file)",
+        "kv-cache-tester-claude-code"),
 )
 
 
@@ -162,36 +167,90 @@ def check_file(path: Path, spec: TraceFile) -> Optional[str]:
 
 def get(name: str, to: os.PathLike, base: Optional[str] = None, timeout: float = 60.0,
         progress: Optional[Callable[[str, int, Optional[int]], None]] = None) -> List[Path]:
-    """Download the public trace ``name`` into directory ``to`` (made if
-    missing); returns the paths of its files. ``base`` replaces the
-    source's base URL (a mirror, or a ``file://`` directory holding the same
-    paths). Each file is written beside its target, checked (size, then
-    SHA-256 or git blob id) and only then renamed into place; a file already
-    there that checks out is kept, one that does not is never overwritten.
-    ``progress(file, bytes_done, bytes_total)`` is called as it downloads.
-    Raises ``KeyError`` (unknown name), ``DownloadError`` (unreachable, or a
-    checksum mismatch) or ``FileExistsError``.
+    """Download the public trace ``name`` into ``to/NAME/`` (a directory
+    of its own, made if missing, so a directory never mixes two traces'
+    formats); returns the paths of its files.
+
+    ``base`` replaces the source's base URL: a mirror's URL, or a directory
+    (a path or a ``file://`` URL) holding, for each file, the source's path
+    (``FAST25-release/traces/...``), the shared data's layout
+    (``mooncake-fast25/...``, ``kv-cache-tester-claude-code/...``: the
+    trace's ``folder``), ``get``'s own (``NAME/...``) or the file itself,
+    tried in that order. Each file is written beside its target, checked
+    (size, then SHA-256 or git blob id), made readable by all (0644) and only
+    then renamed into place; a file already there that checks out is kept,
+    one that does not is never overwritten; a failed get removes the
+    directories it made. ``progress(file, bytes_done, bytes_total)`` is
+    called as it downloads. Raises ``KeyError`` (unknown name),
+    ``DownloadError`` (unreachable, or a checksum mismatch) or
+    ``FileExistsError``.
     """
     trace = find(name)
-    root = Path(to)
+    top = Path(to)
+    if top.exists() and not top.is_dir():
+        raise NotADirectoryError(f"{top} exists and is not a directory")
+    root = top / trace.name
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"{root} exists and is not a directory")
+    made = [d for d in (root, *root.parents) if not d.exists()]
     root.mkdir(parents=True, exist_ok=True)
-    url_base = trace.base if base is None else (base if base.endswith("/") else base + "/")
-    out = []
-    for spec in trace.files:
-        dest = root / spec.name
-        if dest.exists():
-            wrong = check_file(dest, spec)
-            if wrong is not None:
-                raise FileExistsError(f"{dest} exists and is not the catalog's file ({wrong}); "
-                                      "move it away first")
-            out.append(dest)
-            continue
-        url = urllib.parse.urljoin(url_base, spec.path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".part", dir=root)
-        try:
-            with os.fdopen(fd, "wb") as f:
+    try:
+        return [_get_file(trace, spec, root, _base_url(trace, base), timeout, progress)
+                for spec in trace.files]
+    except BaseException:
+        for d in made:  # innermost first; only directories this call made, if empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _base_url(trace, base):
+    """The base URL to fetch from: the source's, a mirror's, or a local
+    directory's ``file://`` URL; always ending in ``/``."""
+    if base is None:
+        return trace.base
+    if urllib.parse.urlparse(base).scheme not in ("http", "https", "file", "ftp"):
+        folder = Path(base).expanduser()
+        if not folder.is_dir():
+            raise DownloadError(f"--from {base}: no such directory (a mirror is a URL or a "
+                                "directory)")
+        return folder.resolve().as_uri() + "/"
+    return base if base.endswith("/") else base + "/"
+
+
+def _candidates(trace, spec, url_base):
+    """Where ``spec`` may be under ``url_base``, in the order tried."""
+    if url_base == trace.base:
+        return [urllib.parse.urljoin(url_base, spec.path)]
+    paths = [spec.path] + ([f"{trace.folder}/{spec.name}"] if trace.folder else []) + [
+        f"{trace.name}/{spec.name}", spec.name]
+    return [urllib.parse.urljoin(url_base, p) for p in dict.fromkeys(paths)]
+
+
+def _missing(exc):
+    """True when a fetch failed because the file is not there (try the next
+    place), not because the mirror is unreachable."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in (403, 404, 410)
+    reason = getattr(exc, "reason", exc)
+    return isinstance(reason, (FileNotFoundError, NotADirectoryError, IsADirectoryError))
+
+
+def _get_file(trace, spec, root, url_base, timeout, progress):
+    dest = root / spec.name
+    if dest.exists():
+        wrong = check_file(dest, spec)
+        if wrong is not None:
+            raise FileExistsError(f"{dest} exists and is not the catalog's file ({wrong}); "
+                                  "move it away first")
+        return dest
+    urls = _candidates(trace, spec, url_base)
+    fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".part", dir=root)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for i, url in enumerate(urls):
                 try:
                     with urllib.request.urlopen(url, timeout=timeout) as r:
                         length = r.headers.get("Content-Length")
@@ -202,19 +261,23 @@ def get(name: str, to: os.PathLike, base: Optional[str] = None, timeout: float =
                             done += len(chunk)
                             if progress is not None:
                                 progress(spec.name, done, total)
+                    break
                 except (urllib.error.URLError, OSError, ValueError) as exc:
+                    if _missing(exc) and i + 1 < len(urls) and f.tell() == 0:
+                        continue
                     reason = getattr(exc, "reason", exc)
-                    raise DownloadError(f"cannot download {url}: {reason}") from None
-            wrong = check_file(Path(tmp), spec)
-            if wrong is not None:
-                raise DownloadError(f"{url}: {wrong}; nothing kept")
-            os.replace(tmp, dest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        out.append(dest)
-    return out
+                    tried = f" (nor at {', '.join(urls[:i])})" if i else ""
+                    raise DownloadError(f"cannot download {url}: {reason}{tried}") from None
+        wrong = check_file(Path(tmp), spec)
+        if wrong is not None:
+            raise DownloadError(f"{url}: {wrong}; nothing kept")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return dest
 
 
 def describe() -> str:

@@ -15,6 +15,9 @@ row                             what it is                                      
                                 + offsets + a table of sequence ids keyed by a
                                 hash of the whole sequence (no prefix sharing)
 ``Python set of tuples``        ``{tuple(ints), ...}``                          ``tracemalloc``
+``Python dict-of-dicts trie``   ``{token: {token: ...}}``, one dict per token,  ``tracemalloc``
+                                ``None: True`` marking a sequence's end (the
+                                first baseline one writes by hand)
 ``Python radix tree``           ``baselines.reference.ReferenceRadixTree``      ``tracemalloc``
 ==============================  ==============================================  ===============
 
@@ -57,13 +60,16 @@ COLUMNS = ("name", "bytes", "allocated_bytes", "bytes_per_stored_token",
 
 
 class FootprintTable:
-    """Rows of ``compare_footprint``: one dict per structure with the keys
+    """What ``compare_footprint`` measured: one row (a dict) per structure,
+    the totals of the sequences built, and ``plot()``.
+
+    Each row has the keys
 
     - ``name``; ``bytes``: bytes in use; ``allocated_bytes``: bytes allocated
       (array rows; ``None`` for Python rows, whose slack is inside ``bytes``);
     - ``bytes_per_stored_token`` (``bytes`` / the radix tree's stored tokens),
       ``bytes_per_inserted_token`` (``bytes`` / all tokens inserted);
-    - ``nodes`` (tree rows; ``None`` for the sets); ``build_seconds``;
+    - ``nodes`` (tree and trie rows; ``None`` for the sets); ``build_seconds``;
     - ``measured``: ``"arrays"`` or ``"tracemalloc"``.
 
     Totals: ``sequences`` (inserted), ``distinct``, ``tokens_inserted``,
@@ -89,6 +95,43 @@ class FootprintTable:
         return {"sequences": self.sequences, "distinct_sequences": self.distinct,
                 "tokens_inserted": self.tokens_inserted, "tokens_stored": self.tokens_stored,
                 "rows": [dict(r) for r in self.rows]}
+
+    def plot(self, ax=None, per="stored"):
+        """A horizontal bar per row, on a log axis: its bytes per stored
+        token (``per="stored"``), per inserted token (``"inserted"``) or in
+        all (``"total"``), each bar labelled with its value and its ratio to
+        the first row. Needs matplotlib; returns the Axes (a new figure's
+        unless ``ax`` is given).
+
+        >>> t = FootprintTable([dict(name="a", bytes=10, bytes_per_stored_token=1.0,
+        ...                          bytes_per_inserted_token=0.5)], sequences=1, distinct=1,
+        ...                    tokens_inserted=20, tokens_stored=10)
+        >>> ax = t.plot()  # doctest: +SKIP
+        """
+        keys = {"stored": ("bytes_per_stored_token", "bytes per stored token"),
+                "inserted": ("bytes_per_inserted_token", "bytes per inserted token"),
+                "total": ("bytes", "bytes")}
+        if per not in keys:
+            raise ValueError(f"per must be one of {list(keys)}; got {per!r}")
+        key, label = keys[per]
+        if ax is None:
+            import matplotlib.pyplot as plt
+
+            _, ax = plt.subplots(figsize=(7, 0.45 * len(self.rows) + 1.2))
+        names = [r["name"] for r in self.rows]
+        values = [r[key] for r in self.rows]
+        y = np.arange(len(names))
+        ax.barh(y, values, color=["C0" if r["measured"] == "arrays" else "C1"
+                                  for r in self.rows])
+        ax.set_yticks(y, names)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{label} (log scale; blue: arrays, orange: Python objects)")
+        for i, v in enumerate(values):
+            ax.annotate(f" {v:,.1f}  ({v / values[0]:.1f}x)", (v, i), va="center", fontsize=8)
+        ax.set_xlim(right=max(values) * 8)
+        ax.set_title(f"{self.sequences:,} sequences, {self.tokens_stored:,} tokens stored")
+        return ax
 
     def __str__(self):
         head = (f"{self.sequences:,} sequences ({self.distinct:,} distinct), "
@@ -133,21 +176,24 @@ def compare_footprint(seqs, *, dtypes=("int64", "int32")):
     (3, 2, 12, 5)
     >>> [r["name"] for r in t.rows]  # doctest: +NORMALIZE_WHITESPACE
     ['RadixCache int64', 'RadixCache int32', 'token trie', 'sequence hash set',
-     'Python set of tuples', 'Python radix tree']
-    >>> t.row("token trie")["nodes"], t.row("Python radix tree")["nodes"]
-    (5, 3)
+     'Python set of tuples', 'Python dict-of-dicts trie', 'Python radix tree']
+    >>> t.row("token trie")["nodes"], t.row("Python dict-of-dicts trie")["nodes"]
+    (5, 5)
+    >>> t.row("Python radix tree")["nodes"]
+    3
     >>> r = t.row("sequence hash set")
     >>> r["bytes"] / t.tokens_stored == r["bytes_per_stored_token"]
     True
     >>> print(t)  # doctest: +SKIP
     3 sequences (2 distinct), 12 tokens inserted, 5 stored (2.40x prefix sharing)
-    structure             bytes  allocated  B/stored tok  B/inserted tok  nodes  build s  measured
-    RadixCache int64        649      2,946        129.80           54.08      3    0.000  arrays
-    RadixCache int32        629      1,922        125.80           52.42      3    0.000  arrays
-    token trie              233        354         46.60           19.42      5    0.000  arrays
-    sequence hash set       248      2,344         49.60           20.67      -    0.000  arrays
-    Python set of tuples    360          -         72.00           30.00      -    0.000  tracemalloc
-    Python radix tree     1,304          -        260.80          108.67      3    0.000  tracemalloc
+    structure                  bytes  allocated  B/stored tok  B/inserted tok  nodes  build s  measured
+    RadixCache int64             649      2,946        129.80           54.08      3    0.000  arrays
+    RadixCache int32             629      1,922        125.80           52.42      3    0.000  arrays
+    token trie                   233        354         46.60           19.42      5    0.000  arrays
+    sequence hash set            248      2,344         49.60           20.67      -    0.000  arrays
+    Python set of tuples         216          -         43.20           18.00      -    0.000  tracemalloc
+    Python dict-of-dicts trie  1,344          -        268.80          112.00      5    0.000  tracemalloc
+    Python radix tree          1,208          -        241.60          100.67      3    0.000  tracemalloc
     """
     batch = pack(seqs)
     if len(batch) == 0:
@@ -197,6 +243,8 @@ def compare_footprint(seqs, *, dtypes=("int64", "int32")):
 
     for name, build, count, nodes in (
             ("Python set of tuples", _python_set, len, None),
+            ("Python dict-of-dicts trie", _python_dict_trie, _dict_trie_sequences,
+             _dict_trie_nodes),
             ("Python radix tree", _python_tree, len, lambda t: t.num_nodes)):
         seconds = _timed(build, batch)
         nbytes, n, n_nodes = _traced(build, batch, count, nodes)
@@ -269,6 +317,46 @@ def _python_lists(batch):
 def _python_set(batch):
     flat, off = _python_lists(batch)
     return {tuple(flat[off[i]:off[i + 1]]) for i in range(len(off) - 1)}
+
+
+#: The key that marks the end of a sequence in the dict-of-dicts trie.
+_END = None
+
+
+def _python_dict_trie(batch):
+    """The trie one writes first: a dict per node, keyed by the next token,
+    ``_END: True`` where a sequence ends."""
+    flat, off = _python_lists(batch)
+    root: dict = {}
+    for i in range(len(off) - 1):
+        node = root
+        for t in flat[off[i]:off[i + 1]]:
+            node = node.setdefault(t, {})
+        node[_END] = True
+    return root
+
+
+def _dict_trie_walk(root):
+    """``(sequences, nodes)`` of a dict-of-dicts trie (the root not a node)."""
+    sequences = nodes = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for key, child in node.items():
+            if key is _END:
+                sequences += 1
+            else:
+                nodes += 1
+                stack.append(child)
+    return sequences, nodes
+
+
+def _dict_trie_sequences(root):
+    return _dict_trie_walk(root)[0]
+
+
+def _dict_trie_nodes(root):
+    return _dict_trie_walk(root)[1]
 
 
 def _python_tree(batch):

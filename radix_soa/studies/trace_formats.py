@@ -186,6 +186,7 @@ _KV_SUBAGENT = "subagent"
 
 
 _KV_SUFFIXES = (".json",) + tuple(".json" + c for c in COMPRESSED_SUFFIXES)
+_OTHER_TRACE_SUFFIXES = (".jsonl",) + tuple(".jsonl" + c for c in COMPRESSED_SUFFIXES)
 
 
 def _kv_files(paths):
@@ -197,6 +198,15 @@ def _kv_files(paths):
         if p is not None and p.is_dir():
             files = sorted(q for q in p.iterdir()
                            if q.name.endswith(_KV_SUFFIXES) and q.is_file())
+            others = sorted(q.name for q in p.iterdir()
+                            if q.name.endswith(_OTHER_TRACE_SUFFIXES) and q.is_file())
+            if others:  # a directory is one trace: do not skip another format's files
+                raise TraceFormatError(p, f"directory holds {len(others)} JSONL trace file"
+                                          f"{'s' if len(others) > 1 else ''} ({others[0]}"
+                                          f"{', ...' if len(others) > 1 else ''}) beside its "
+                                          "kv-cache-tester *.json files; a directory is read "
+                                          "as one kv-cache-tester trace: pass the file, or a "
+                                          "directory per trace")
             if not files:
                 raise TraceFormatError(p, "directory holds no *.json (or .json.gz, .json.zst) "
                                           "trace files")
