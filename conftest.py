@@ -44,7 +44,47 @@ collect_ignore = [str(_ROOT / "radix_soa" / (name + ".py")) for name in (
     "schedule", "footprint")]
 
 
+def _log_compiles(path):
+    """Append a JSON line per Numba compile of this process to ``path``
+    (``RADIX_SOA_COMPILE_LOG``: which kernels a test session compiles where;
+    read by ``asv_bench/compile_profile.py --log``)."""
+    import atexit
+    import json
+    import time
+
+    from numba.core import event
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    lines, stack = [], []
+
+    class Compiles(event.Listener):
+        def on_start(self, ev):
+            stack.append([time.process_time(), 0.0])
+
+        def on_end(self, ev):
+            t0, nested = stack.pop()
+            dt = time.process_time() - t0
+            if stack:
+                stack[-1][1] += dt
+            func = ev.data["dispatcher"].py_func
+            lines.append(json.dumps({"worker": worker, "kernel": f"{func.__module__}.{func.__qualname__}",
+                                     "args": str(ev.data["args"]), "seconds": dt - nested}))
+
+    def flush():
+        with open(path, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+    event.register("numba:compile", Compiles())
+    atexit.register(flush)
+
+
 def pytest_configure(config):
+    if os.environ.get("RADIX_SOA_COMPILE_LOG"):
+        _log_compiles(os.environ["RADIX_SOA_COMPILE_LOG"])
+    _warm_before_workers(config)
+
+
+def _warm_before_workers(config):
     """In the controller of a pytest-xdist run only: compile every kernel
     group once (``radix-soa warmup --jobs N``, N the number of workers) into
     the keyed cache before the workers start, so each kernel compiles once,
