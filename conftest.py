@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 _ROOT = Path(__file__).resolve().parent
 
 
@@ -78,6 +80,7 @@ def _log_compiles(path):
     atexit.register(flush)
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is there to say what it does
 def pytest_configure(config):
     if os.environ.get("RADIX_SOA_COMPILE_LOG"):
         _log_compiles(os.environ["RADIX_SOA_COMPILE_LOG"])
