@@ -14,7 +14,8 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # doctests that compile or measure much (their functions are tested in tests/ too)
-SLOW_DOCTESTS = {"radix_soa._warmup.warmup", "radix_soa.studies.footprint.compare_footprint"}
+SLOW_DOCTESTS = {"radix_soa._warmup.warmup", "radix_soa._warmup.warmup_groups",
+                 "radix_soa.studies.footprint.compare_footprint"}
 
 
 def pytest_collection_modifyitems(config, items):

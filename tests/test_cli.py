@@ -660,6 +660,26 @@ def test_python_dash_m_runs_the_command():
 
 @pytest.mark.slow
 def test_warmup_compiles_everything_and_says_so(capsys):
+    from radix_soa._warmup import GROUPS
+
     assert main(["warmup"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("kernels ready in ") and "cluster replays exercised" in out
+    out = capsys.readouterr().out.splitlines()
+    # a line per kernel group, in order, as each is done; then the total
+    assert out[0] == f"compiling {len(GROUPS)} kernel groups"
+    assert [line.split()[0] for line in out[1:-1]] == [g[0] for g in GROUPS]
+    assert out[-1].startswith("kernels ready in ") and "cluster replays exercised" in out[-1]
+
+
+@pytest.mark.slow
+def test_warmup_jobs_runs_every_group_in_child_processes(capsys):
+    from radix_soa._warmup import GROUPS
+
+    assert main(["warmup", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"compiling {len(GROUPS)} kernel groups in up to 2 processes"
+    assert sorted(line.split()[0] for line in out[1:-1]) == sorted(g[0] for g in GROUPS)
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two", "257"])
+def test_warmup_jobs_must_be_a_small_positive_int(capsys, jobs):
+    assert "--jobs" in assert_usage_error(capsys, "warmup", "--jobs", jobs)

@@ -184,6 +184,47 @@ def test_mmap_answers_reads_and_refuses_writes(tmp_path, tree, prefix_cache):
             call()
 
 
+def _kernel_signatures():
+    import importlib
+    import pkgutil
+
+    import radix_soa._kernels as K
+
+    out = {}
+    for m in pkgutil.iter_modules(K.__path__):
+        mod = importlib.import_module(f"radix_soa._kernels.{m.name}")
+        out.update({(m.name, k): len(v.signatures) for k, v in vars(mod).items()
+                    if hasattr(v, "signatures")})
+    return out
+
+
+def test_a_memory_mapped_tree_runs_the_kernels_of_an_in_memory_one(tmp_path):
+    # the maps are copy-on-write: the kernels see writable arrays, the same
+    # types as an in-memory tree's, so mapping a tree compiles nothing new
+    from radix_soa._warmup import warmup_radix
+
+    warmup_radix()
+    before = _kernel_signatures()
+    rc = RadixCache()
+    rc.insert_batch(chat(50))
+    rc.save(tmp_path / "t")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "t").iterdir()}
+    mm = RadixCache.load(tmp_path / "t", mmap=True)
+    seqs = chat(60, seed=3)
+    assert mm.exists_batch(seqs).tolist() == rc.exists_batch(seqs).tolist()
+    assert mm.match_prefix_batch(seqs, parallel=True).tolist() == \
+        rc.match_prefix_batch(seqs, parallel=True).tolist()
+    assert [mm.exists(s) for s in seqs[:10]] == [rc.exists(s) for s in seqs[:10]]
+    assert [mm.match_prefix(s) for s in seqs[:10]] == [rc.match_prefix(s) for s in seqs[:10]]
+    assert contents(mm) == contents(rc)
+    after = _kernel_signatures()
+    assert {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v} == {}
+    with pytest.raises(ReadOnlyTreeError):
+        mm.insert([1, 2, 3])
+    del mm
+    assert {p.name: p.read_bytes() for p in (tmp_path / "t").iterdir()} == files
+
+
 def test_save_overwrites_atomically_and_leaves_no_temporaries(tmp_path, tree, monkeypatch):
     target = tmp_path / "t"
     tree.save(target)

@@ -284,7 +284,12 @@ def load_arrays(path, header, mmap):
             _fail(path, f"{HEADER} lists an unknown array {name!r}")
         fpath = os.path.join(path, name + ".npy")
         try:
-            arr = np.load(fpath, mmap_mode="r" if mmap else None, allow_pickle=False)
+            # copy-on-write ("c"), not "r": the kernels get writable arrays, the
+            # same types as an in-memory tree's, so a memory-mapped tree runs the
+            # kernels already compiled, not a read-only twin of each; the class
+            # refuses every write (ReadOnlyTreeError), and the file is never
+            # written whatever happens to the map
+            arr = np.load(fpath, mmap_mode="c" if mmap else None, allow_pickle=False)
         except FileNotFoundError:
             _fail(path, f"missing {name}.npy")
         except (MemoryError, KeyboardInterrupt):
@@ -301,8 +306,9 @@ def load_arrays(path, header, mmap):
 
 
 def build_storage(path, header, arrays, mmap):
-    """A ``TreeStorage`` over loaded arrays: views of the memory maps
-    (read-only) or copies with headroom; validated before it is returned."""
+    """A ``TreeStorage`` over loaded arrays: views of the (copy-on-write)
+    memory maps, marked read-only, or copies with headroom; validated before
+    it is returned."""
     track = bool(header.get("track"))
     need = ["tokens", "values", "term", "table", "meta"] + list(NODE_FIELDS)
     if track:

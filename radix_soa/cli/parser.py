@@ -124,7 +124,10 @@ def build_parser():
     w = sub.add_parser("warmup", help="compile every kernel now (once: Numba caches them)",
                        description="Compile (or load from Numba's on-disk cache) every kernel "
                                    "the library and the studies run, so later runs start "
-                                   "fast.")
+                                   "fast. Prints each kernel group as it is done.")
+    w.add_argument("--jobs", type=bounded(256), default=1, metavar="N",
+                   help="compile the kernel groups in up to N processes at once (default 1: "
+                        "in this one)")
     w.set_defaults(func=warmup_command)
 
     t = sub.add_parser("traces", help="the public traces the loaders read; download one",
