@@ -221,6 +221,36 @@ def test_bad_input_is_refused_and_changes_nothing():
     assert c.total_size() == 0
 
 
+def test_uint64_indices_above_int64_are_refused_and_change_nothing():
+    """2^64 - 1 would wrap to slot -1, which an eviction then hands to the
+    allocator: refused, naming the value, the cache as it was."""
+    c, alloc, _ = cache_with_pools()
+    insert(c, [1, 2], [10, 20])
+    before = (c.total_size(), match(c, [1, 2, 3])[:2])
+    for top in ((1 << 64) - 1, 1 << 63):
+        value = np.array([5, top, 6], np.uint64)
+        with pytest.raises(OverflowError, match=f"params.value holds {top}, above int64"):
+            c.insert(InsertParams(key=key([1, 2, 3]), value=value))
+        with pytest.raises(OverflowError, match=f"holds {top}"):
+            c.insert(InsertParams(key=key([7, 8, 9]), value=value))
+        assert (c.total_size(), match(c, [1, 2, 3])[:2]) == before
+    ok = np.array([5, (1 << 63) - 1, 6], np.uint64)  # the largest int64 is a slot like any
+    c.insert(InsertParams(key=key([7, 8, 9]), value=ok))
+    assert match(c, [7, 8, 9])[:2] == (3, [5, (1 << 63) - 1, 6])
+    c.evict(EvictParams(num_tokens=100))
+    assert sorted(x for call in alloc.calls for x in call[0]) == [5, 6, 10, 20, (1 << 63) - 1]
+
+
+def test_page_hashes_are_signed_int64_whatever_their_value():
+    """Every 64-bit page hash maps to SGLang's signed int64 (the events'
+    hashes and parents); None stays None (a first page has no parent)."""
+    for h in (0, 1, 12345, (1 << 63) - 1):
+        assert types_._signed(h) == h
+    for h in (1 << 63, (1 << 64) - 1):
+        assert types_._signed(h) == h - (1 << 64)
+    assert types_._signed(None) is None
+
+
 def test_priorities_outside_prefix_caches_range_are_clipped():
     c = SGLangPrefixCache.create_simulated(eviction_policy="priority")
     c.insert(InsertParams(key=key([1, 2]), value=np.array([1, 2]), priority=10**12))

@@ -214,6 +214,7 @@ else:
 
 # ------------------------------------------------------------------ conversions
 _EMPTY = np.empty(0, np.int64)
+_INT64_MAX = (1 << 63) - 1
 
 
 def tokens_of(key: Any) -> np.ndarray:
@@ -244,6 +245,11 @@ def as_int64(x: Any, what: str = "value") -> np.ndarray:
     if a.dtype != np.int64:
         if a.size and a.dtype.kind not in "iu":
             raise TypeError(f"{what} must hold integers; got {a.dtype}")
+        if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size:
+            top = int(a.max())
+            if top > _INT64_MAX:  # astype would wrap it to a negative slot
+                raise OverflowError(f"{what} holds {top}, above int64's largest value "
+                                    f"{_INT64_MAX}")
         a = a.astype(np.int64)
     return a
 
@@ -296,8 +302,15 @@ def tags_of(namespace: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
 
 
 def _signed(h: Optional[int]) -> Optional[int]:
-    """A 64-bit page hash as SGLang's events carry it: a signed int64."""
-    return None if h is None or h < 1 << 63 else h - (1 << 64)
+    """A 64-bit page hash as SGLang's events carry it: a signed int64
+    (``None``, no parent, stays ``None``).
+
+    >>> _signed(5), _signed((1 << 64) - 1), _signed(None)
+    (5, -1, None)
+    """
+    if h is None:
+        return None
+    return h - (1 << 64) if h >= 1 << 63 else h
 
 
 def sglang_events(events: list, lora_names: Any = None) -> list:
