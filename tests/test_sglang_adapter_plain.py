@@ -6,6 +6,8 @@ installed (the adapter then takes and returns SGLang's own classes and torch
 tensors); ``tests/test_sglang_adapter.py`` compares it with SGLang's cache.
 """
 
+import hashlib
+import struct
 import subprocess
 import sys
 import tomllib
@@ -241,14 +243,46 @@ def test_uint64_indices_above_int64_are_refused_and_change_nothing():
     assert sorted(x for call in alloc.calls for x in call[0]) == [5, 6, 10, 20, (1 << 63) - 1]
 
 
-def test_page_hashes_are_signed_int64_whatever_their_value():
-    """Every 64-bit page hash maps to SGLang's signed int64 (the events'
-    hashes and parents); None stays None (a first page has no parent)."""
-    for h in (0, 1, 12345, (1 << 63) - 1):
-        assert types_._signed(h) == h
-    for h in (1 << 63, (1 << 64) - 1):
-        assert types_._signed(h) == h - (1 << 64)
-    assert types_._signed(None) is None
+def _sglang_page_hashes(pages, prior=b""):
+    """SGLang's published page hashes, by their definition: SHA-256 chained
+    over each page's tokens as little-endian uint32, the digest's first 8
+    bytes as a big-endian signed int."""
+    out = []
+    for page in pages:
+        prior = hashlib.sha256(prior + struct.pack(f"<{len(page)}I", *page)).digest()
+        out.append(int.from_bytes(prior[:8], "big", signed=True))
+    return out
+
+
+def test_every_page_hash_and_parent_is_sglangs():
+    """radix_soa's events of a cache through ``EventHashes``: every page's
+    hash and every run's parent present (positive and negative alike) and
+    equal to SGLang's chain; removals name the stored pages."""
+    from radix_soa.prefix_cache import PrefixCache
+
+    pc = PrefixCache(page_size=2, events=True)
+    h = types_.EventHashes()
+    seq = list(range(1, 41))
+    for end in range(2, 42, 2):  # extended page by page: each run's parent is the page before
+        pc.insert(seq[:end], values=seq[:end])
+    pc.insert([1, 2, 3, 4, 9, 9], values=[0] * 6)
+    pc.evict(pc.total_tokens)
+    want = _sglang_page_hashes([seq[i:i + 2] for i in range(0, 40, 2)])
+    branch = _sglang_page_hashes([[9, 9]], hashlib.sha256(
+        hashlib.sha256(struct.pack("<2I", 1, 2)).digest() + struct.pack("<2I", 3, 4)).digest())
+    got, parents, gone = [], [], []
+    for e in pc.take_events():
+        if type(e).__name__ == "BlockStored":
+            hashes, parent = h.stored(list(e.token_ids), e.block_size, e.parent_block_hash,
+                                      e.lora_name, e.block_hashes)
+            got += hashes
+            parents.append(parent)
+        elif type(e).__name__ == "BlockRemoved":
+            gone += h.removed(e.block_hashes)
+    assert got == want + branch
+    assert parents == [None] + want[:19] + [want[1]]
+    assert any(x >= 0 for x in got) and any(x < 0 for x in got)
+    assert sorted(gone) == sorted(got)
 
 
 def test_priorities_outside_prefix_caches_range_are_clipped():

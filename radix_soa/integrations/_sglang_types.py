@@ -21,18 +21,19 @@ silent fall back to the stand-ins.
 """
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import json
 from array import array
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 __all__ = ["HAVE_SGLANG", "HAVE_TORCH", "BasePrefixCache", "RadixKey", "MatchPrefixParams",
            "InsertParams", "EvictParams", "MatchResult", "InsertResult", "EvictResult",
            "IncLockRefResult", "DecLockRefResult", "TreeLock", "tokens_of", "namespace_of",
-           "as_int64", "host_array", "index_tensor", "sglang_events"]
+           "as_int64", "host_array", "index_tensor", "sglang_events", "EventHashes"]
 
 #: SGLang (and torch) are looked up, not imported, to decide: an installed
 #: SGLang that fails to import raises, it does not turn into the stand-ins.
@@ -301,23 +302,132 @@ def tags_of(namespace: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
     return extra_key, cache_salt
 
 
-def _signed(h: Optional[int]) -> Optional[int]:
-    """A 64-bit page hash as SGLang's events carry it: a signed int64
-    (``None``, no parent, stays ``None``).
+class EventHashes:
+    """SGLang 0.5.23's page hashes for radix_soa's KV events: what its own
+    ``RadixCache`` publishes for the same pages, so a router that indexes
+    SGLang's events reads this cache's alike.
 
-    >>> _signed(5), _signed((1 << 64) - 1), _signed(None)
-    (5, -1, None)
+    SGLang hashes a page as SHA-256 of the previous page's 32-byte digest
+    (none for a namespace's first page, or a digest of the request's
+    ``cache_salt``) followed by the page's tokens as little-endian uint32
+    (as uint64 after a ``0xff`` byte when one does not fit in uint32), and
+    publishes the digest's first 8 bytes as a big-endian signed int64, mixed
+    with a namespace seed (``namespaced_block_hash``) where the LoRA name
+    table knows the ``extra_key`` (or, in Dynamo's format, for any
+    namespace). radix_soa's events carry its own 64-bit chained page hashes;
+    this keeps the SGLang digest of every cached page by that hash (as
+    SGLang's nodes keep theirs), so a run's parent and a removed page are
+    looked up, never recomputed.
+
+    >>> h = EventHashes()
+    >>> hashes, parent = h.stored([7, 8, 9, 10], 2, None, None, hashes=[71, 72])
+    >>> len(hashes), parent is None, h.removed([72]) == hashes[1:]
+    (2, True, True)
     """
-    if h is None:
+
+    def __init__(self, lora_names: Any = None, dynamo_format: bool = False) -> None:
+        self.lora_names = lora_names
+        self.dynamo_format = bool(dynamo_format)
+        # radix_soa page hash -> (SGLang's SHA-256 digest, the published int64)
+        self._pages: Dict[int, Tuple[bytes, int]] = {}
+        self._seeds: Dict[Optional[str], Tuple[Optional[str], Optional[str], Any, Any]] = {}
+
+    def clear(self) -> None:
+        """Every page removed (``AllBlocksCleared``)."""
+        self._pages.clear()
+
+    def tags(self, namespace: Optional[str]) -> Tuple[Optional[str], Optional[str], Any, Any]:
+        """``(extra_key, cache_salt, lora_name, namespace seed)`` of a
+        namespace ``namespace_of`` made: what SGLang's events carry for it."""
+        got = self._seeds.get(namespace)
+        if got is None:
+            extra_key, cache_salt = tags_of(namespace)
+            names = self.lora_names
+            if self.dynamo_format:
+                name = names.resolve(extra_key) if names is not None else None
+                seed = _namespace_seed(extra_key, cache_salt)
+            else:
+                name = names.get(extra_key) if names is not None else None
+                seed = _namespace_seed(extra_key if name is not None else None, None)
+            got = (extra_key, cache_salt, name, seed)
+            if len(self._seeds) < 1 << 16:
+                self._seeds[namespace] = got
+        return got
+
+    def stored(self, tokens: list, block_size: int, parent: Optional[int],
+               namespace: Optional[str], hashes: Optional[list] = None
+               ) -> Tuple[List[int], Optional[int]]:
+        """SGLang's published hashes of a run of pages, and of the page before
+        it (``parent``: radix_soa's hash of that page, None for a first
+        page); ``hashes``: radix_soa's hashes of the run's pages, to look
+        them up by at their removal."""
+        _, cache_salt, _, seed = self.tags(namespace)
+        pages = self._pages
+        if parent is None:
+            prior = (b"" if cache_salt is None else
+                     hashlib.sha256(b"sglang-cache-salt-v1\0" + cache_salt.encode()).digest())
+            published_parent = None
+        else:
+            prior, published_parent = pages[parent]
+        out = []
+        for i in range(0, len(tokens), block_size):
+            prior = hashlib.sha256(prior + _page_bytes(tokens[i:i + block_size])).digest()
+            h = int.from_bytes(prior[:8], "big", signed=True)
+            if seed is not None:
+                h = _namespaced(h, seed)
+            out.append(h)
+            if hashes is not None:
+                pages[hashes[i // block_size]] = (prior, h)
+        return out, published_parent
+
+    def removed(self, hashes: list) -> List[int]:
+        """SGLang's published hashes of removed pages (forgotten here)."""
+        pages = self._pages
+        return [pages.pop(h)[1] for h in hashes]
+
+
+_UINT32 = np.dtype("<u4")
+_UINT64 = np.dtype("<u8")
+
+
+def _page_bytes(tokens: list) -> bytes:
+    """A page's tokens as SGLang's page hash reads them."""
+    a = np.asarray(tokens, np.int64)
+    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+        # SGLang: uint64 after a 0xff byte (a negative token, which SGLang
+        # refuses, is hashed as its two's complement here)
+        return b"\xff" + a.astype(_UINT64).tobytes()
+    return a.astype(_UINT32).tobytes()
+
+
+def _namespace_seed(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[bytes]:
+    """SGLang's KV event namespace seed of ``(extra_key, cache_salt)``
+    (None for neither): each present part length-prefixed, so ("a", "bc")
+    and ("ab", "c") differ."""
+    if extra_key is None and cache_salt is None:
         return None
-    return h - (1 << 64) if h >= 1 << 63 else h
+    d = hashlib.sha256(b"sglang-kv-event-namespace-v1")
+    for part in (extra_key, cache_salt):
+        if part is None:
+            d.update(b"\x00")
+        else:
+            b = part.encode("utf-8")
+            d.update(b"\x01" + len(b).to_bytes(8, "little") + b)
+    return d.digest()
 
 
-def sglang_events(events: list, lora_names: Any = None) -> list:
-    """radix_soa's KV events as SGLang's own event objects (what SGLang's
-    KV-event publisher sends), or unchanged when SGLang is not installed.
-    The page hashes are radix_soa's (see ``PrefixCache(events=True)``), as
-    signed int64s, not the ones SGLang's ``RadixCache`` computes."""
+def _namespaced(h: int, seed: bytes) -> int:
+    """A published page hash mixed with a namespace seed, as SGLang mixes it."""
+    digest = hashlib.sha256(seed + h.to_bytes(8, "big", signed=True)).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def sglang_events(events: list, hashes: "EventHashes") -> list:
+    """radix_soa's KV events as SGLang's own event objects, with SGLang's
+    page hashes (``EventHashes``) and grouped as SGLang's event queue groups
+    them (a run that continues the previous stored run of the same kind
+    joins it; removals in a row join), or unchanged when SGLang is not
+    installed."""
     if not HAVE_SGLANG:
         return events
     stored, removed, cleared = (_NAMES["BlockStored"], _NAMES["BlockRemoved"],
@@ -326,15 +436,28 @@ def sglang_events(events: list, lora_names: Any = None) -> list:
     out: list = []
     for e in events:
         kind = type(e).__name__
+        tail: Any = out[-1] if out else None
         if kind == "BlockStored":
-            extra_key, cache_salt = tags_of(e.lora_name)
-            name = lora_names.get(extra_key) if lora_names is not None and extra_key else None
-            out.append(stored(block_hashes=[_signed(h) for h in e.block_hashes],
-                              parent_block_hash=_signed(e.parent_block_hash),
-                              token_ids=list(e.token_ids), block_size=e.block_size,
-                              lora_id=None, medium=gpu, cache_salt=cache_salt, lora_name=name))
+            extra_key, cache_salt, name, _ = hashes.tags(e.lora_name)
+            tokens = list(e.token_ids)
+            block_hashes, parent = hashes.stored(tokens, e.block_size, e.parent_block_hash,
+                                                 e.lora_name, e.block_hashes)
+            if (type(tail) is stored and tail.block_hashes and parent is not None
+                    and parent == tail.block_hashes[-1] and tail.block_size == e.block_size
+                    and tail.cache_salt == cache_salt and tail.lora_name == name):
+                tail.block_hashes.extend(block_hashes)
+                tail.token_ids.extend(tokens)
+                continue
+            out.append(stored(block_hashes=block_hashes, parent_block_hash=parent,
+                              token_ids=tokens, block_size=e.block_size, lora_id=None,
+                              medium=gpu, cache_salt=cache_salt, lora_name=name))
         elif kind == "BlockRemoved":
-            out.append(removed(block_hashes=[_signed(h) for h in e.block_hashes], medium=gpu))
+            block_hashes = hashes.removed(e.block_hashes)
+            if type(tail) is removed:
+                tail.block_hashes.extend(block_hashes)
+                continue
+            out.append(removed(block_hashes=block_hashes, medium=gpu))
         else:
+            hashes.clear()
             out.append(cleared())
     return out

@@ -22,9 +22,9 @@ would act on a detached node.
 
 Differences from SGLang's ``RadixCache`` (``docs/guide/sglang.md``):
 ``evict(n)`` frees exactly ``n`` tokens rounded up to whole pages, trimming
-leaf tails (SGLang frees whole leaves, so it may free more); the KV events'
-page hashes are radix_soa's, not SGLang's; EAGLE's bigram keys, host tiers
-(HiCache), sliding-window and Mamba state are not supported.
+leaf tails (SGLang frees whole leaves, so it may free more); EAGLE's
+bigram keys, host tiers (HiCache), sliding-window and Mamba state are not
+supported. The KV events carry SGLang's own page hashes.
 
 >>> cache = SGLangPrefixCache.create_simulated(page_size=1)
 >>> key = RadixKey(array("q", [1, 2, 3, 4]))
@@ -49,7 +49,8 @@ import numpy as np
 
 from .._input.validate import check_int
 from ..prefix_cache import PrefixCache
-from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EvictParams,
+from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EventHashes,
+                            EvictParams,
                             EvictResult, IncLockRefResult, InsertParams, InsertResult,
                             MatchPrefixParams, MatchResult, RadixKey, as_int64, host_array,
                             index_tensor, namespace_of, sglang_events, tokens_of, torch)
@@ -120,7 +121,8 @@ class SGLangPrefixCache(BasePrefixCache):
         self.eviction_policy = str(getattr(params, "eviction_policy", "lru") or "lru").lower()
         self.enable_kv_cache_events = (bool(getattr(params, "enable_kv_cache_events", False))
                                        and not self.disable)
-        self._lora_names = getattr(params, "kv_event_lora_names", None)
+        self._hashes = EventHashes(getattr(params, "kv_event_lora_names", None),
+                                   getattr(params, "dynamo_kv_event_format", False))
         self.device = _device_of(self.token_to_kv_pool_allocator)
         # where index tensors go: None for the CPU (torch.from_numpy's own)
         self._to = None if self.device is None or self.device.type == "cpu" else self.device
@@ -340,11 +342,12 @@ class SGLangPrefixCache(BasePrefixCache):
                                   f"{BACKEND}")
 
     def take_events(self) -> list:
-        """The KV events since the last call (SGLang's ``BlockStored`` /
-        ``BlockRemoved`` / ``AllBlocksCleared``, radix_soa's page hashes)."""
+        """The KV events since the last call: SGLang's ``BlockStored`` /
+        ``BlockRemoved`` / ``AllBlocksCleared``, with the page hashes and the
+        grouping SGLang's ``RadixCache`` publishes for the same pages."""
         if not self.enable_kv_cache_events:
             return []
-        return sglang_events(self._pc.take_events(), self._lora_names)
+        return sglang_events(self._pc.take_events(), self._hashes)
 
     def pretty_print(self) -> None:
         self._pc.pretty_print()
