@@ -637,6 +637,46 @@ def test_serving_under_a_small_pool_keeps_the_accounting(sglang_context, page_si
         assert hits > 0 and sum(evicted) > 256  # it hit, and evicted more than the pool
 
 
+def _waiting(n, rng):
+    stems = [[rng.randrange(1, 100) for _ in range(40)] for _ in range(6)]
+    return [Req(str(i), "", array("q", rng.choice(stems)[:rng.randrange(0, 40)]
+                              + [rng.randrange(100, 200) for _ in range(rng.randrange(1, 8))]),
+                SamplingParams(max_new_tokens=8)) for i in range(n)], stems
+
+
+@pytest.mark.parametrize("n", [40, 200])
+def test_the_schedulers_lpm_policy_matches_every_waiting_request(sglang_context, n):
+    """SGLang's own ``SchedulePolicy.calc_priority`` (LPM) over ``n`` waiting
+    requests. Up to its limit of 128 both caches give the same order and
+    prefix lengths. Past it SGLang's RadixCache (no fast matching) leaves the
+    queue unmatched; the adapter answers ``supports_fast_match_prefix()``,
+    so every request is matched (its prefix length and node set), in
+    first-come order."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    got = {}
+    for kind in KINDS:
+        rng = random.Random(n)
+        waiting, stems = _waiting(n, rng)
+        c = simulated(kind, mock_allocator=Frees())
+        for i, stem in enumerate(stems[:4]):
+            insert(c, stem[:10 * (i + 1)], list(range(100 * i, 100 * i + 10 * (i + 1))))
+        policy = SchedulePolicy("lpm", c, False, False, False)
+        policy.calc_priority(waiting)
+        got[kind] = [(r.rid, r.prefix_len, r.last_node is not None) for r in waiting]
+        if kind == "radix_soa":
+            assert c.supports_fast_match_prefix()
+            want = [match(c, r.origin_input_ids.tolist())[0] for r in waiting]
+            assert [r.prefix_len for r in waiting] == want and max(want) >= 30
+            for r in waiting:  # the node each request holds is its match's
+                assert c.path_device_indices(r.last_node).numel() == r.prefix_len
+    if n <= 128:
+        assert got["sglang"] == got["radix_soa"]
+    else:
+        assert [x[0] for x in got["radix_soa"]] == [str(i) for i in range(n)]  # FCFS order
+        assert all(x[1] == 0 for x in got["sglang"])  # RadixCache: not matched
+
+
 # ------------------------------------------------------------------ switching it on
 def _build_context(sa, params, **flags):
     ctx = dict(server_args=sa, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,

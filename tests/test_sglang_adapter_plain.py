@@ -97,6 +97,11 @@ def test_match_insert_and_sizes():
     assert match(c, [])[:2] == (0, []) and match(c, [8])[:2] == (0, [])
 
 
+def test_fast_matching_is_announced_unless_disabled():
+    assert SGLangPrefixCache.create_simulated().supports_fast_match_prefix() is True
+    assert SGLangPrefixCache.create_simulated(disable=True).supports_fast_match_prefix() is False
+
+
 def test_keys_limits_and_namespaces():
     c = SGLangPrefixCache.create_simulated()
     insert(c, [1, 2, 3], [10, 11, 12], extra_key="lora-a")

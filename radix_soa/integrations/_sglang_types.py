@@ -128,6 +128,11 @@ class _MatchResult(NamedTuple):
     last_host_node: Any
     best_match_node: Any
     host_hit_length: int = 0
+    swa_host_hit_length: int = 0
+    swa_branching_seqlen: Optional[int] = None
+    mamba_host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None
+    cache_protected_len: Optional[int] = None
 
 
 @dataclasses.dataclass

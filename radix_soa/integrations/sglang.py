@@ -312,6 +312,12 @@ class SGLangPrefixCache(BasePrefixCache):
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
 
+    def supports_fast_match_prefix(self) -> bool:
+        """True: a match costs a few µs, so SGLang's scheduler may match
+        every waiting request (``SchedulePolicy.calc_priority`` does past
+        its 128-request LPM limit too, and skips its waiting-prefix refresh)."""
+        return not self.disable
+
     def path_device_indices(self, node: Any) -> Any:
         """The KV indices of root..``node`` (int64, on the allocator's
         device); valid while the path is locked, as SGLang's."""
