@@ -496,3 +496,187 @@ def run_loop(repeat=3, quick=False):
         return
     _loop_row(sg, "Mooncake conversation trace (hash ids as tokens)", *mc, page_size=1,
               fraction=0.25, repeat=repeat)
+
+
+# ---------------------------------------------------------------------- against the default
+# ``python asv_bench/bench.py sglang`` (second part): SGLang 0.5.23's
+# default tree cache, ``UnifiedRadixCache`` (what it builds when
+# --radix-cache-backend is unset), on both of its tree cores, beside
+# ``RadixCache``, radix_soa's SGLang cache (``SGLangPrefixCache``, what
+# --radix-cache-backend radix_soa builds) and a bare ``PrefixCache``. The
+# four SGLang-interface caches take the same SGLang objects built in the
+# loop (``RadixKey``, ``*Params``) and the same torch index tensors.
+
+def import_default():
+    """``import_sglang`` plus what building the default cache needs."""
+    sg = import_sglang()
+    if sg is None:
+        return None
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from radix_soa.integrations.sglang import SGLangPrefixCache
+
+    sg.__dict__.update(CacheInitParams=CacheInitParams, ComponentType=ComponentType,
+                       UnifiedRadixCache=UnifiedRadixCache, SGLangPrefixCache=SGLangPrefixCache)
+    return sg
+
+
+def default_cache(sg, kind, page_size=1, allocator=None, pool=None):
+    """A cache as SGLang builds it: ``unified-rust`` / ``unified-python``
+    (``UnifiedRadixCache`` on that tree core: SGLang reads
+    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` when it builds one),
+    ``radix`` (``RadixCache``), ``radix_soa`` (the adapter)."""
+    import os
+
+    allocator = _FakeAlloc() if allocator is None else allocator
+    params = sg.CacheInitParams(disable=False, req_to_token_pool=pool,
+                                token_to_kv_pool_allocator=allocator, page_size=page_size,
+                                tree_components=(sg.ComponentType.FULL,))
+    if kind.startswith("unified-"):
+        old = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
+        os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = kind.split("-", 1)[1]
+        try:
+            return sg.UnifiedRadixCache(params)
+        finally:
+            if old is None:
+                del os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"]
+            else:
+                os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = old
+    if kind == "radix":
+        return sg.RadixCache(params)
+    return sg.SGLangPrefixCache(params)
+
+
+DEFAULT_LABELS = {"unified-rust": "UnifiedRadixCache (Rust core)",
+                  "unified-python": "UnifiedRadixCache (Python core)",
+                  "radix": "RadixCache", "radix_soa": "radix_soa SGLangPrefixCache",
+                  "bare": "bare PrefixCache"}
+
+
+class DefaultSides:
+    """Each cache's insert / match / evict over the same requests: SGLang's
+    interface for the four SGLang caches, NumPy for the bare ``PrefixCache``."""
+
+    def __init__(self, sg, requests):
+        self.sg = sg
+        self.requests = [np.ascontiguousarray(r, np.int64) for r in requests]
+        self.keys = [array("q", r.tolist()) for r in self.requests]
+        offsets = np.cumsum([0] + [len(r) for r in self.requests])
+        self.values = [np.arange(offsets[i], offsets[i + 1], dtype=np.int64)
+                       for i in range(len(self.requests))]
+        self.tvalues = [sg.torch.from_numpy(v.copy()) for v in self.values]
+        cut = [max(1, len(r) - 10) for r in self.requests]  # partial hits: 10 tokens early
+        self.partial = [np.concatenate([r[:c], [1 << 30]]) for r, c in zip(self.requests, cut)]
+        self.partial_keys = [array("q", q.tolist()) for q in self.partial]
+
+    def new(self, kind):
+        return rs.PrefixCache() if kind == "bare" else default_cache(self.sg, kind)
+
+    def insert(self, kind, c):
+        if kind == "bare":
+            for q, v in zip(self.requests, self.values):
+                c.insert(q, values=v)
+            return
+        sg = self.sg
+        for k, v in zip(self.keys, self.tvalues):
+            c.insert(sg.InsertParams(key=sg.RadixKey(k), value=v))
+
+    def built(self, kind):
+        c = self.new(kind)
+        self.insert(kind, c)
+        return c
+
+    def match(self, kind, c, partial=False):
+        if kind == "bare":
+            for q in (self.partial if partial else self.requests):
+                c.match(q)
+            return
+        sg = self.sg
+        for k in (self.partial_keys if partial else self.keys):
+            m = c.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(k)))
+            c.path_device_indices(m.last_device_node)
+
+    def evict(self, kind, c, n):
+        if kind == "bare":
+            return c.evict(n).num_tokens
+        return c.evict(self.sg.EvictParams(num_tokens=n)).num_tokens_evicted
+
+
+def _cpu_call(fn, calls):
+    """CPU seconds per call of ``fn()`` (a loop of ``calls`` calls)."""
+    c0 = time.process_time()
+    fn()
+    return (time.process_time() - c0) / calls
+
+
+DEFAULT_KINDS = ("unified-rust", "unified-python", "radix", "radix_soa", "bare")
+
+
+def compare_default(sg, requests, repeat, kinds=DEFAULT_KINDS, evict_n=100_000):
+    """Per-call CPU time of each cache on insert, full-hit match with its
+    indices, partial-hit match (a split each) and one evict(evict_n) on a
+    fresh tree: best of ``repeat`` rounds, the kinds interleaved (their
+    order rotates each round)."""
+    S = DefaultSides(sg, requests)
+    n = len(requests)
+    ops = ("insert", "match, full hit, with indices", "match, partial hit (splits)",
+           f"evict({evict_n:,}) on a fresh tree")
+    best = {(k, op): float("inf") for k in kinds for op in ops}
+    evicted = {}
+    for k in kinds:  # compile / warm each once
+        S.match(k, S.built(k))
+    for r in range(repeat):
+        order = list(kinds[r % len(kinds):]) + list(kinds[:r % len(kinds)])
+        for k in order:
+            c = S.new(k)
+            t = _cpu_call(lambda: S.insert(k, c), n)
+            best[k, ops[0]] = min(best[k, ops[0]], t)
+            t = _cpu_call(lambda: S.match(k, c), n)
+            best[k, ops[1]] = min(best[k, ops[1]], t)
+            c = S.built(k)
+            t = _cpu_call(lambda: S.match(k, c, partial=True), n)
+            best[k, ops[2]] = min(best[k, ops[2]], t)
+            c = S.built(k)
+            got = []
+            t = _cpu_call(lambda: got.append(S.evict(k, c, evict_n)), 1)
+            best[k, ops[3]] = min(best[k, ops[3]], t)
+            evicted[k] = got[0]
+    print(f"\n  {n:,} requests, {sum(map(len, requests)):,} tokens, page size 1: CPU µs a "
+          f"call, best of {repeat} interleaved rounds")
+    print("  " + " " * 34 + "".join(f"{DEFAULT_LABELS[k][:22]:>24}" for k in kinds))
+    for op in ops:
+        print(f"  {op:<34}" + "".join(f"{best[k, op] * 1e6:24.1f}" for k in kinds))
+    if "radix_soa" in kinds:
+        for other in kinds:
+            if other == "radix_soa":
+                continue
+            rat = [best[other, op] / best["radix_soa", op] for op in ops]
+            if other == "bare":
+                rat = [1 / x for x in rat]
+            what = "the adapter's time / bare" if other == "bare" else f"{other} / adapter"
+            print(f"  {what:<34}" + "".join(f"{x:8.2f}x" for x in rat)
+                  + ("  (<= 1.25 wanted)" if other == "bare" else ""))
+    print("  tokens evicted: " + ", ".join(f"{DEFAULT_LABELS[k]} {evicted[k]:,}" for k in kinds))
+    return best
+
+
+def multi_turn_requests(n=2000, conversations=300):
+    """The first ``n`` sequences of the generated multi-turn chat workload
+    (turns of conversations interleaved)."""
+    seqs = rs.workloads.generate("multi_turn", n=conversations)
+    return [np.asarray(s, np.int64) for s in seqs[:n]]
+
+
+def run_default(repeat=5, quick=False, kinds=None):
+    sg = import_default()
+    print("\n[sglang] against SGLang 0.5.23's default tree cache, UnifiedRadixCache (both tree "
+          "cores), RadixCache, the adapter and a bare PrefixCache, per call")
+    if sg is None:
+        print("  SGLang is not importable here: skipped")
+        return
+    rs.warmup()
+    reqs = multi_turn_requests(200 if quick else 2000)
+    compare_default(sg, reqs, repeat, kinds=tuple(kinds) if kinds else DEFAULT_KINDS,
+                    evict_n=10_000 if quick else 100_000)

@@ -53,7 +53,8 @@ from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, Even
                             EvictParams,
                             EvictResult, IncLockRefResult, InsertParams, InsertResult,
                             MatchPrefixParams, MatchResult, RadixKey, as_int64, host_array,
-                            index_tensor, namespace_of, sglang_events, tokens_of, torch)
+                            index_tensor, match_result, namespace_of, sglang_events,
+                            tokens_of, torch)
 
 __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
            "RadixKey", "MatchPrefixParams", "InsertParams", "EvictParams"]
@@ -155,9 +156,7 @@ class SGLangPrefixCache(BasePrefixCache):
         node handles taken before are void."""
         self._pc.reset()
         self.root_node = Node(self._pc.peek(_EMPTY).node, _EMPTY)
-        self._empty_match = MatchResult(device_prefix_len=0, last_device_node=self.root_node,
-                                        last_host_node=self.root_node,
-                                        best_match_node=self.root_node)
+        self._empty_match = match_result(0, self.root_node)
 
     def match_prefix(self, params: Any) -> Any:
         """The longest cached prefix of ``params.key`` in whole pages (a
@@ -168,10 +167,10 @@ class SGLangPrefixCache(BasePrefixCache):
         q = tokens_of(key)
         if self.disable or q.shape[0] < self.page_size:
             return self._empty_match
-        m = self._pc.match(q, namespace_of(key.extra_key, getattr(key, "cache_salt", None)))
-        node = Node(m.node, m.values)
-        return MatchResult(device_prefix_len=m.length, last_device_node=node,
-                           last_host_node=node, best_match_node=node)
+        extra_key, cache_salt = key.extra_key, key.cache_salt
+        m = self._pc.match(q, None if extra_key is None and cache_salt is None
+                           else namespace_of(extra_key, cache_salt))
+        return match_result(m.length, Node(m.node, m.values))
 
     def insert(self, params: Any) -> Any:
         """Cache ``params.key`` (whole pages) with the KV indices
@@ -182,15 +181,21 @@ class SGLangPrefixCache(BasePrefixCache):
             return InsertResult(prefix_len=0)
         key = params.key
         q = tokens_of(key)
-        n = q.shape[0] - q.shape[0] % self.page_size
-        q = q[:n]
+        n = q.shape[0]
+        if self.page_size != 1 and n % self.page_size:
+            n -= n % self.page_size
+            q = q[:n]
         value = params.value
         values = q.copy() if value is None else as_int64(value, "params.value")
         if values.shape[0] < n:
             raise ValueError(f"params.value has {values.shape[0]} indices for the key's {n} "
                              "tokens in whole pages")
-        ns = namespace_of(key.extra_key, getattr(key, "cache_salt", None))
-        r = self._pc.insert(q, values[:n], ns, _priority(getattr(params, "priority", 0)))
+        extra_key, cache_salt = key.extra_key, key.cache_salt
+        ns = (None if extra_key is None and cache_salt is None
+              else namespace_of(extra_key, cache_salt))
+        priority = params.priority
+        r = self._pc.insert(q, values if values.shape[0] == n else values[:n], ns,
+                            _priority(priority) if priority else 0)
         return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, q.copy(), ns))
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
@@ -324,9 +329,10 @@ class SGLangPrefixCache(BasePrefixCache):
         _handle(node)
         if node._indices is None:
             node._indices = self._pc.peek(node._tokens, node._namespace).values
-        if type(node._indices) is np.ndarray:
-            node._indices = index_tensor(node._indices, self._to)
-        return node._indices
+        indices = node._indices
+        if type(indices) is np.ndarray:
+            node._indices = indices = index_tensor(indices, self._to)
+        return indices
 
     def all_values_flatten(self) -> Any:
         """Every cached KV index, in node order."""
@@ -375,6 +381,8 @@ class _Tokens:
     """A token array as ``tokens_of`` reads a key."""
 
     __slots__ = ("token_ids",)
+    is_bigram = False
+    limit = None
 
     def __init__(self, token_ids: Any) -> None:
         self.token_ids = token_ids
