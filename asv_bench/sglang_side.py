@@ -272,6 +272,7 @@ def import_sglang_loop():
 
     from radix_soa.integrations.sglang import SGLangPrefixCache
 
+    sg.__dict__.update(import_default().__dict__)
     sg.__dict__.update(ReqKvInfo=ReqKvInfo, PagedAllocator=PagedTokenToKVPoolAllocator,
                        TokenAllocator=TokenToKVPoolAllocator, CacheInitParams=CacheInitParams,
                        ReqToTokenPool=ReqToTokenPool, SGLangPrefixCache=SGLangPrefixCache)
@@ -305,8 +306,11 @@ class SchedulerLoop:
                                            need_sort=False)
         params = sg.CacheInitParams(disable=False, req_to_token_pool=self.pool,
                                     token_to_kv_pool_allocator=self.alloc, page_size=page_size)
-        cls = sg.RadixCache if kind == "sglang" else sg.SGLangPrefixCache
-        self.cache = cls(params)
+        if kind.startswith("unified-"):  # SGLang's default: UnifiedRadixCache on a tree core
+            self.cache = default_cache(sg, kind, page_size, self.alloc, self.pool)
+        else:
+            cls = sg.RadixCache if kind == "sglang" else sg.SGLangPrefixCache
+            self.cache = cls(params)
         self.hit = self.asked = 0
         self.in_cache = 0.0  # seconds inside the cache's methods (outermost calls)
         self._depth = 0
@@ -421,15 +425,16 @@ def _loop_row(sg, name, prompts, outputs, page_size, fraction, repeat, window=8,
     # the requests in flight must fit, whatever the fraction
     capacity = max(int(unique * fraction), window * (longest + 2 * page_size))
     capacity -= capacity % page_size
-    for kind in ("sglang", "radix_soa"):  # compile (or load) the kernels before timing
+    for kind in LOOP_KINDS:  # compile (or load) the kernels before timing
         SchedulerLoop(sg, kind, page_size, capacity, window, chunk,
                       longest + page_size).run(prompts[:20], outputs[:20])
-    walls = {"sglang": [], "radix_soa": []}
-    cpus = {"sglang": [], "radix_soa": []}
-    inside = {"sglang": [], "radix_soa": []}
+    walls = {k: [] for k in LOOP_KINDS}
+    cpus = {k: [] for k in LOOP_KINDS}
+    inside = {k: [] for k in LOOP_KINDS}
     hits = {}
     for r in range(repeat):
-        for kind in (("sglang", "radix_soa") if r % 2 == 0 else ("radix_soa", "sglang")):
+        order = LOOP_KINDS[r % len(LOOP_KINDS):] + LOOP_KINDS[:r % len(LOOP_KINDS)]
+        for kind in order:
             loop = SchedulerLoop(sg, kind, page_size, capacity, window, chunk, longest + page_size)
             c0, t0 = time.process_time(), time.perf_counter()
             loop.run(prompts, outputs)
@@ -440,19 +445,26 @@ def _loop_row(sg, name, prompts, outputs, page_size, fraction, repeat, window=8,
                 raise AssertionError(f"{kind}: slots leaked in the {name} loop")
             hits[kind] = loop.hit / loop.asked
     n = len(prompts)
-    ours, theirs = statistics.median(walls["radix_soa"]), statistics.median(walls["sglang"])
-    ours_in, theirs_in = (statistics.median(inside["radix_soa"]),
-                          statistics.median(inside["sglang"]))
+    wall = {k: statistics.median(v) for k, v in walls.items()}
+    cache_s = {k: statistics.median(v) for k, v in inside.items()}
     print(f"\n  {name}: {n:,} requests, page size {page_size}, capacity {capacity:,} tokens "
-          f"({capacity / unique:.0%} of the {unique:,} an unbounded cache holds), {window} in flight, chunks of {chunk}")
-    for label, kind, wall, cache_s in (("SGLang RadixCache", "sglang", theirs, theirs_in),
-                                       ("radix_soa", "radix_soa", ours, ours_in)):
-        print(f"    {label:<18} {n / wall:9,.0f} requests/s   {cache_s / n * 1e6:8.1f} µs a request "
-              f"in the cache   hit rate {hits[kind]:.3f}")
-    print(f"    ratio {theirs / ours:.2f}x requests/s (cpu "
-          f"{min(cpus['sglang']) / min(cpus['radix_soa']):.2f}x), {theirs_in / ours_in:.2f}x "
-          f"time in the cache; median of {repeat} interleaved runs. The rest of the loop is "
-          "SGLang's own allocator and request-pool tensor work, the same on both sides")
+          f"({capacity / unique:.0%} of the {unique:,} an unbounded cache holds), {window} in "
+          f"flight, chunks of {chunk}")
+    for kind in LOOP_KINDS:
+        print(f"    {LOOP_LABELS[kind]:<30} {n / wall[kind]:9,.0f} requests/s   "
+              f"{cache_s[kind] / n * 1e6:8.1f} µs a request in the cache   hit rate "
+              f"{hits[kind]:.3f}")
+    for other in LOOP_KINDS[:-1]:
+        print(f"    radix_soa vs {LOOP_LABELS[other]}: {wall[other] / wall['radix_soa']:.2f}x "
+              f"requests/s (cpu {min(cpus[other]) / min(cpus['radix_soa']):.2f}x), "
+              f"{cache_s[other] / cache_s['radix_soa']:.2f}x time in the cache")
+    print(f"    median of {repeat} interleaved runs. The rest of the loop is SGLang's own "
+          "allocator and request-pool tensor work, the same on every side")
+
+
+LOOP_KINDS = ["unified-rust", "sglang", "radix_soa"]
+LOOP_LABELS = {"unified-rust": "UnifiedRadixCache (Rust core)", "sglang": "SGLang RadixCache",
+               "radix_soa": "radix_soa"}
 
 
 def _generated(n, seed=0, out_len=16):
@@ -659,7 +671,40 @@ def compare_default(sg, requests, repeat, kinds=DEFAULT_KINDS, evict_n=100_000):
             print(f"  {what:<34}" + "".join(f"{x:8.2f}x" for x in rat)
                   + ("  (<= 1.25 wanted)" if other == "bare" else ""))
     print("  tokens evicted: " + ", ".join(f"{DEFAULT_LABELS[k]} {evicted[k]:,}" for k in kinds))
+    if "radix_soa" in kinds and "bare" in kinds:
+        _where_the_time_goes(S, best, ops, repeat)
     return best
+
+
+def _where_the_time_goes(S, best, ops, repeat):
+    """What the SGLang interface itself costs a call, outside any cache:
+    building ``RadixKey`` + ``*Params`` in the loop (every SGLang cache pays
+    it, a bare ``PrefixCache`` does not), and a torch tensor over matched
+    indices (``torch.from_numpy``, no copy)."""
+    sg, n = S.sg, len(S.keys)
+    arrays = [v.copy() for v in S.values]
+
+    def ins():
+        for k, v in zip(S.keys, S.tvalues):
+            sg.InsertParams(key=sg.RadixKey(k), value=v)
+
+    def mat():
+        for k in S.keys:
+            sg.MatchPrefixParams(key=sg.RadixKey(k))
+
+    def ten():
+        for a in arrays:
+            sg.torch.from_numpy(a)
+
+    cost = {f.__name__: min(_cpu_call(f, n) for _ in range(repeat)) * 1e6
+            for f in (ins, mat, ten)}
+    gap = [(best["radix_soa", op] - best["bare", op]) * 1e6 for op in ops]
+    print(f"  the adapter's extra µs a call over a bare PrefixCache: insert {gap[0]:.1f}, full "
+          f"hit {gap[1]:.1f}, partial hit {gap[2]:.1f}; of it, SGLang's RadixKey + Params "
+          f"built in the loop: {cost['ins']:.2f} (insert) / {cost['mat']:.2f} (match), a torch "
+          f"tensor over the indices {cost['ten']:.2f}; the rest is the adapter's own Python "
+          "(key and value views, the Node handle, the result objects, the token copy an insert "
+          "result's node keeps)")
 
 
 def multi_turn_requests(n=2000, conversations=300):
@@ -680,3 +725,77 @@ def run_default(repeat=5, quick=False, kinds=None):
     reqs = multi_turn_requests(200 if quick else 2000)
     compare_default(sg, reqs, repeat, kinds=tuple(kinds) if kinds else DEFAULT_KINDS,
                     evict_n=10_000 if quick else 100_000)
+
+
+# ---------------------------------------------------------------------- the scheduler's policy
+# ``python asv_bench/bench.py sglang_policy``: SGLang 0.5.23's own
+# ``SchedulePolicy.calc_priority`` (LPM) over a waiting queue, on the
+# adapter and on UnifiedRadixCache (Rust core), per waiting request.
+
+def _clocked(method, spent):
+    """``method`` with its CPU time added to ``spent[0]``."""
+    clock = time.process_time
+
+    def clocked(*args, **kwargs):
+        t0 = clock()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent[0] += clock() - t0
+    return clocked
+
+
+def run_policy(repeat=5, quick=False, sizes=(128, 1024, 4096)):
+    sg = import_default()
+    print("\n[sglang_policy] SGLang's SchedulePolicy.calc_priority (LPM) over waiting Reqs, "
+          "CPU µs per waiting request (best of rounds)")
+    if sg is None:
+        print("  SGLang is not importable here: skipped")
+        return
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    rs.warmup()
+    seqs = multi_turn_requests(6000 if not quick else 1500, conversations=1200)
+    cached, later = seqs[:len(seqs) // 3], seqs[len(seqs) // 3:]
+    kinds = ("unified-rust", "radix_soa")
+    ctx = create_context(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
+    with use_context(ctx):
+        caches = {}
+        for kind in kinds:
+            c = default_cache(sg, kind)
+            for i, q in enumerate(cached):
+                c.insert(sg.InsertParams(key=sg.RadixKey(array("q", q.tolist())),
+                                         value=sg.torch.arange(i * 5000, i * 5000 + len(q))))
+            caches[kind] = c
+        for n in sizes:
+            if quick:
+                n = min(n, 512)
+            prompts = [array("q", later[i % len(later)].tolist()) for i in range(n)]
+            best, matched, inside = {}, {}, {}
+            for r in range(repeat):
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    c = caches[kind]
+                    policy = SchedulePolicy("lpm", c, False, False, False)
+                    waiting = [Req(str(i), "", p, SamplingParams(max_new_tokens=8))
+                               for i, p in enumerate(prompts)]
+                    spent = [0.0]
+                    c.match_prefix = _clocked(type(c).match_prefix.__get__(c), spent)
+                    try:
+                        t = _cpu_call(lambda: policy.calc_priority(waiting), n)
+                    finally:
+                        del c.match_prefix
+                    if t < best.get(kind, float("inf")):
+                        best[kind], inside[kind] = t, spent[0] / n
+                    matched[kind] = sum(req.prefix_len for req in waiting) / sum(map(len, prompts))
+            print(f"  {n:5,d} waiting: " + "   ".join(
+                f"{DEFAULT_LABELS[k]} {best[k] * 1e6:6.2f} µs ({inside[k] * 1e6:5.2f} in its "
+                f"match_prefix; matched {matched[k]:.0%} of the tokens)" for k in kinds)
+                + f"   ratio {best['unified-rust'] / best['radix_soa']:.2f}x")
+    print("  past 128 waiting, LPM falls back to first-come order; a cache answering "
+          "supports_fast_match_prefix() (the adapter) still gets every request matched "
+          "(its prefix length and node), UnifiedRadixCache (Rust) answers False and is not "
+          "asked")

@@ -97,6 +97,24 @@ def test_match_insert_and_sizes():
     assert match(c, [])[:2] == (0, []) and match(c, [8])[:2] == (0, [])
 
 
+def test_an_insert_results_node_reads_its_keys_tokens_later():
+    """No copy of the key at insert: the node's indices are looked up from
+    its array when first asked, after SGLang extended it; an array cut
+    since is refused."""
+    c = SGLangPrefixCache.create_simulated()
+    insert(c, [1, 2, 3], [10, 20, 30])
+    tokens = array("q", [1, 2, 3, 4, 5])
+    r = c.insert(InsertParams(key=RadixKey(tokens), value=np.array([11, 21, 31, 41, 51])))
+    tokens.extend([6, 7])
+    assert r.prefix_len == 3
+    assert np.asarray(c.path_device_indices(r.last_device_node)).tolist() == [10, 20, 30, 41, 51]
+    cut = array("q", [8, 9])
+    r = c.insert(InsertParams(key=RadixKey(cut), value=np.array([80, 90])))
+    del cut[1:]
+    with pytest.raises(ValueError, match="cut from 2 to 1 tokens"):
+        c.path_device_indices(r.last_device_node)
+
+
 def test_fast_matching_is_announced_unless_disabled():
     assert SGLangPrefixCache.create_simulated().supports_fast_match_prefix() is True
     assert SGLangPrefixCache.create_simulated(disable=True).supports_fast_match_prefix() is False

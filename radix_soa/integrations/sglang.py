@@ -75,10 +75,12 @@ class Node:
     __slots__ = ("handle", "_indices", "_tokens", "_namespace")
 
     def __init__(self, handle: int, indices: Optional[np.ndarray] = None,
-                 tokens: Optional[np.ndarray] = None, namespace: Optional[str] = None) -> None:
+                 tokens: Any = None, namespace: Optional[str] = None) -> None:
         self.handle = handle
         self._indices = indices     # the path's KV indices (NumPy or a tensor), if known
-        self._tokens = tokens       # else the path's tokens (a copy), to look them up
+        # else the path's tokens, to look them up: a copy, or (an insert's
+        # key array('q'), its length then), which SGLang only ever extends
+        self._tokens = tokens
         self._namespace = namespace
 
     def __eq__(self, other: object) -> bool:
@@ -176,7 +178,9 @@ class SGLangPrefixCache(BasePrefixCache):
         """Cache ``params.key`` (whole pages) with the KV indices
         ``params.value`` (``None``: the token ids themselves, SGLang's test
         fallback). ``prefix_len``: the leading tokens cached before, which
-        keep their indices (the caller frees its duplicates)."""
+        keep their indices (the caller frees its duplicates). The result's
+        node reads the key's ``array('q')`` (no copy) when its indices are
+        first asked: SGLang only ever appends to a request's tokens."""
         if self.disable:
             return InsertResult(prefix_len=0)
         key = params.key
@@ -196,7 +200,9 @@ class SGLangPrefixCache(BasePrefixCache):
         priority = params.priority
         r = self._pc.insert(q, values if values.shape[0] == n else values[:n], ns,
                             _priority(priority) if priority else 0)
-        return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, q.copy(), ns))
+        t = key.token_ids
+        path = (t, n) if type(t) is array and key.limit is None else q.copy()
+        return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, path, ns))
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Cache what ``req`` has computed so far, ``req.full_untruncated_fill_ids[:up_to]``
@@ -328,7 +334,14 @@ class SGLangPrefixCache(BasePrefixCache):
         device); valid while the path is locked, as SGLang's."""
         _handle(node)
         if node._indices is None:
-            node._indices = self._pc.peek(node._tokens, node._namespace).values
+            tokens = node._tokens
+            if type(tokens) is tuple:  # an insert's key, read now (no view kept)
+                t, n = tokens
+                if len(t) < n:
+                    raise ValueError(f"node: the token array of the insert that returned it "
+                                     f"was cut from {n} to {len(t)} tokens since")
+                tokens = np.array(t[:n], np.int64)
+            node._indices = self._pc.peek(tokens, node._namespace).values
         indices = node._indices
         if type(indices) is np.ndarray:
             node._indices = indices = index_tensor(indices, self._to)
