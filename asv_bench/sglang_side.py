@@ -311,7 +311,7 @@ class SchedulerLoop:
         else:
             cls = sg.RadixCache if kind == "sglang" else sg.SGLangPrefixCache
             self.cache = cls(params)
-        self.hit = self.asked = 0
+        self.hit = self.asked = self._rid = 0
         self.in_cache = 0.0  # seconds inside the cache's methods (outermost calls)
         self._depth = 0
         for name in ("match_prefix", "lock", "unlock", "prefix_device_indices", "checkpoint",
@@ -362,7 +362,11 @@ class SchedulerLoop:
         sg, cache = self.sg, self.cache
         req = types.SimpleNamespace(kv=sg.ReqKvInfo(), full_untruncated_fill_ids=array("q", prompt),
                                     origin_input_ids=prompt, extra_key=None, cache_salt=None,
-                                    priority=0, lock=None, last_node=None, prefix_len=0)
+                                    priority=0, lock=None, last_node=None, prefix_len=0,
+                                    session=None, rid=str(self._rid), session_id=None,
+                                    kv_rotation_base=None, done=False)
+        req.finished = lambda: req.done  # UnifiedRadixCache reads these of SGLang's Req
+        self._rid += 1
         m = cache.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(req.full_untruncated_fill_ids)))
         req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
         req.kv.cache_protected_len = req.prefix_len
@@ -387,6 +391,7 @@ class SchedulerLoop:
         req.full_untruncated_fill_ids.extend(outputs)
         n = len(req.origin_input_ids) + len(outputs) - 1  # the last output's KV is never computed
         self._fill(req, len(req.origin_input_ids), n)
+        req.done = True
         cache.checkpoint(req, up_to=n)
         cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
         cache.unlock(req.lock)
