@@ -499,7 +499,7 @@ def _mooncake(limit):
 
 def run_loop(repeat=3, quick=False):
     sg = import_sglang_loop()
-    print("\n[sglang_loop] a scheduler-shaped loop on SGLang 0.5.23's RadixCache and on "
+    print("\n[sglang_loop] a scheduler-shaped loop on SGLang 0.5.23's UnifiedRadixCache (Rust core), RadixCache and on "
           "radix_soa.integrations.sglang (requests/s, higher is better)")
     if sg is None:
         print("  SGLang is not importable here: skipped (see docs/guide/sglang.md)")
@@ -796,10 +796,15 @@ def run_policy(repeat=5, quick=False, sizes=(128, 1024, 4096)):
                     if t < best.get(kind, float("inf")):
                         best[kind], inside[kind] = t, spent[0] / n
                     matched[kind] = sum(req.prefix_len for req in waiting) / sum(map(len, prompts))
+            pc = caches["radix_soa"].prefix_cache
+            batch = [np.frombuffer(p, np.int64).copy() for p in prompts]
+            hook = min(_cpu_call(lambda: pc.match_batch(batch, with_values=True), n)
+                       for _ in range(repeat))
             print(f"  {n:5,d} waiting: " + "   ".join(
                 f"{DEFAULT_LABELS[k]} {best[k] * 1e6:6.2f} µs ({inside[k] * 1e6:5.2f} in its "
                 f"match_prefix; matched {matched[k]:.0%} of the tokens)" for k in kinds)
-                + f"   ratio {best['unified-rust'] / best['radix_soa']:.2f}x")
+                + f"   ratio {best['unified-rust'] / best['radix_soa']:.2f}x; a batch hook "
+                f"(PrefixCache.match_batch with values, one call) {hook * 1e6:.2f} µs")
     print("  past 128 waiting, LPM falls back to first-come order; a cache answering "
           "supports_fast_match_prefix() (the adapter) still gets every request matched "
           "(its prefix length and node), UnifiedRadixCache (Rust) answers False and is not "
