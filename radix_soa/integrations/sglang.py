@@ -50,9 +50,8 @@ import numpy as np
 from .._input.validate import check_int
 from ..prefix_cache import PrefixCache
 from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EventHashes,
-                            EvictParams,
-                            EvictResult, IncLockRefResult, InsertParams, InsertResult,
-                            MatchPrefixParams, MatchResult, RadixKey, as_int64, host_array,
+                            EvictParams, EvictResult, IncLockRefResult, InsertParams,
+                            InsertResult, MatchPrefixParams, RadixKey, as_int64, host_array,
                             index_tensor, match_result, namespace_of, sglang_events,
                             tokens_of, torch)
 
