@@ -306,6 +306,10 @@ def test_every_page_hash_and_parent_is_sglangs():
     assert parents == [None] + want[:19] + [want[1]]
     assert any(x >= 0 for x in got) and any(x < 0 for x in got)
     assert sorted(gone) == sorted(got)
+    with pytest.raises(RuntimeError, match="never saw"):  # a page it was not shown
+        h.removed([12345])
+    with pytest.raises(RuntimeError, match="never saw"):
+        h.stored([1, 2], 2, 12345, None, [678])
 
 
 def test_priorities_outside_prefix_caches_range_are_clipped():

@@ -393,7 +393,10 @@ class EventHashes:
                      hashlib.sha256(b"sglang-cache-salt-v1\0" + cache_salt.encode()).digest())
             published_parent = None
         else:
-            prior, published_parent = pages[parent]
+            got = pages.get(parent)
+            if got is None:
+                raise RuntimeError(_MISSED)
+            prior, published_parent = got
         out = []
         for i in range(0, len(tokens), block_size):
             prior = hashlib.sha256(prior + _page_bytes(tokens[i:i + block_size])).digest()
@@ -408,7 +411,15 @@ class EventHashes:
     def removed(self, hashes: list) -> List[int]:
         """SGLang's published hashes of removed pages (forgotten here)."""
         pages = self._pages
-        return [pages.pop(h)[1] for h in hashes]
+        try:
+            return [pages.pop(h)[1] for h in hashes]
+        except KeyError:
+            raise RuntimeError(_MISSED) from None
+
+
+_MISSED = ("a KV event names a page whose store event this cache's take_events never saw "
+           "(were events taken from its prefix_cache directly?): SGLang's page hashes chain "
+           "from every stored page")
 
 
 _UINT32 = np.dtype("<u4")
