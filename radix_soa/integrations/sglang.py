@@ -331,8 +331,13 @@ class SGLangPrefixCache(BasePrefixCache):
     def path_device_indices(self, node: Any) -> Any:
         """The KV indices of root..``node`` (int64, on the allocator's
         device); valid while the path is locked, as SGLang's."""
-        _handle(node)
-        if node._indices is None:
+        if type(node) is not Node:
+            _handle(node)  # raises
+        indices = node._indices
+        if type(indices) is np.ndarray and self._to is None and indices.flags.writeable:
+            node._indices = indices = _from_numpy(indices)  # a match's: the common case
+            return indices
+        if indices is None:
             tokens = node._tokens
             if type(tokens) is tuple:  # an insert's key, read now (no view kept)
                 t, n = tokens
@@ -398,6 +403,9 @@ class _Tokens:
 
     def __init__(self, token_ids: Any) -> None:
         self.token_ids = token_ids
+
+
+_from_numpy = torch.from_numpy if torch is not None else (lambda a: a)
 
 
 def _handle(node: Any) -> int:
