@@ -848,10 +848,13 @@ def _chunk_counts(pa, repeat):
 
 
 def section_sglang(repeat):
-    """Per call against SGLang's RadixCache (only where SGLang is importable)."""
+    """Per call against SGLang's RadixCache, and its default UnifiedRadixCache
+    (both tree cores) beside the adapter and a bare PrefixCache (only where
+    SGLang is importable)."""
     import sglang_side
 
     sglang_side.run(repeat)
+    sglang_side.run_default(max(repeat, 5), quick=QUICK)
 
 
 def section_sglang_loop(repeat):
@@ -860,6 +863,14 @@ def section_sglang_loop(repeat):
     import sglang_side
 
     sglang_side.run_loop(repeat, quick=QUICK)
+
+
+def section_sglang_policy(repeat):
+    """SGLang's own SchedulePolicy.calc_priority (LPM) over 128, 1,024 and
+    4,096 waiting requests on the adapter and on UnifiedRadixCache (Rust)."""
+    import sglang_side
+
+    sglang_side.run_policy(max(repeat, 3), quick=QUICK)
 
 
 def _dask_corpus(n, seed=0):
@@ -1498,6 +1509,7 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "scheduler_step": section_scheduler_step,
             "containers": section_containers,
             "sglang": section_sglang, "sglang_loop": section_sglang_loop,
+            "sglang_policy": section_sglang_policy,
             "dask": section_dask, "events": section_events,
             "router_dynamo": section_router_dynamo, "router_churn": section_router_churn,
             "router_service": section_router_service,

@@ -27,7 +27,8 @@ import sglang_env
 sglang_env.require_sglang()
 
 import torch  # noqa: E402
-from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved,  # noqa: E402
+                                                  BlockStored)
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402
 from sglang.srt.mem_cache import common, registry  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
@@ -338,6 +339,87 @@ def test_events_of_an_eviction_name_the_stored_pages(kind):
     assert _pages(c.take_events())[2] == 1
 
 
+def _leaves_unordered(events):
+    return [BlockRemoved(block_hashes=sorted(e.block_hashes), medium=e.medium)
+            if isinstance(e, BlockRemoved) else e for e in events]
+
+
+def _evented(kind, page_size, dynamo):
+    """A cache with events on, SGLang's LoRA name table knowing "lora-a"."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.events import KvEventLoraNames
+
+    names = KvEventLoraNames()
+    names.register(SimpleNamespace(lora_id="a" * 32, extra_key="lora-a"), "adapter-a")
+    params = CacheInitParams(disable=False, req_to_token_pool=None,
+                             token_to_kv_pool_allocator=Frees(), page_size=page_size,
+                             enable_kv_cache_events=True, kv_event_lora_names=names,
+                             dynamo_kv_event_format=dynamo)
+    return RadixCache(params) if kind == "sglang" else SGLangPrefixCache(params)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_the_event_stream_is_sglangs_event_by_event(page_size, dynamo):
+    """The same inserts, matches (splits), locks and evictions on SGLang's
+    RadixCache and the adapter, events taken after every step: equal event
+    by event (kinds, page hashes and parents, tokens, grouping, salts, LoRA
+    names), in the default namespace, under an extra_key, a LoRA's
+    extra_key and a cache_salt. Evictions take everything evictable, so
+    both free whole leaves (the documented difference is partial leaves)."""
+    rng = random.Random(page_size * 2 + dynamo)
+    caches = {k: _evented(k, page_size, dynamo) for k in KINDS}
+    locks = {k: [] for k in KINDS}
+    tags = [{}, {"extra_key": "x"}, {"extra_key": "lora-a"}, {"cache_salt": "s"},
+            {"extra_key": "lora-a", "cache_salt": "s"}]
+    ps = page_size
+    # tokens above 2^32 too: SGLang hashes those pages in their wide form
+    alphabet = [0, 1, 2, 3, 5, 7, 1 << 32, (1 << 40) + 3]
+    stems = [[rng.choice(alphabet) for _ in range(rng.randrange(1, 4) * ps)] for _ in range(4)]
+    slot = stored = removed = 0
+    named = set()
+    first = [c.take_events() for c in caches.values()]
+    assert first[0] == first[1] and len(first[0]) == 1  # the construction's AllBlocksCleared
+    for step in range(150):
+        tag = rng.choice(tags)
+        seq = rng.choice(stems) + [rng.choice(alphabet) for _ in range(rng.randrange(0, 3 * ps))]
+        op = rng.random()
+        if op < 0.45:
+            for c in caches.values():
+                insert(c, seq, list(range(slot, slot + len(seq))), **tag)
+            slot += len(seq)
+        elif op < 0.75:
+            lock = rng.random() < 0.4
+            for k, c in caches.items():
+                node = match(c, seq, **tag)[2]
+                if lock:
+                    locks[k].append(c.lock(node))
+        elif op < 0.85:
+            for k, c in caches.items():
+                for held in locks[k]:
+                    c.unlock(held)
+                locks[k] = []
+        else:
+            for c in caches.values():
+                c.evict(EvictParams(num_tokens=c.total_size()))
+        theirs, ours = (_leaves_unordered(c.take_events()) for c in caches.values())
+        assert ours == theirs, (step, seq, tag)
+        for e in theirs:
+            if isinstance(e, BlockStored):
+                assert None not in e.block_hashes
+                stored += len(e.block_hashes)
+                named.add((e.lora_name, e.cache_salt))
+            elif isinstance(e, BlockRemoved):
+                removed += len(e.block_hashes)
+        assert sizes(caches["sglang"]) == sizes(caches["radix_soa"])
+    for c in caches.values():
+        c.reset()
+    assert [c.take_events() for c in caches.values()] == [[AllBlocksCleared()]] * 2
+    assert stored > 20 and removed > 10  # the run stored and removed pages
+    assert {(None, None), ("adapter-a", None), (None, "s"), ("adapter-a", "s")} <= named
+
+
 # ------------------------------------------------------------------ a random differential run
 @pytest.mark.parametrize("page_size, seed", [(1, 0), (1, 1), (4, 2), (4, 3)])
 def test_random_operations_agree(page_size, seed):
@@ -553,6 +635,46 @@ def test_serving_under_a_small_pool_keeps_the_accounting(sglang_context, page_si
                 not set(cached.tolist()) & set(free.tolist())
         assert e.idle_accounting_holds(), kind
         assert hits > 0 and sum(evicted) > 256  # it hit, and evicted more than the pool
+
+
+def _waiting(n, rng):
+    stems = [[rng.randrange(1, 100) for _ in range(40)] for _ in range(6)]
+    return [Req(str(i), "", array("q", rng.choice(stems)[:rng.randrange(0, 40)]
+                              + [rng.randrange(100, 200) for _ in range(rng.randrange(1, 8))]),
+                SamplingParams(max_new_tokens=8)) for i in range(n)], stems
+
+
+@pytest.mark.parametrize("n", [40, 200])
+def test_the_schedulers_lpm_policy_matches_every_waiting_request(sglang_context, n):
+    """SGLang's own ``SchedulePolicy.calc_priority`` (LPM) over ``n`` waiting
+    requests. Up to its limit of 128 both caches give the same order and
+    prefix lengths. Past it SGLang's RadixCache (no fast matching) leaves the
+    queue unmatched; the adapter answers ``supports_fast_match_prefix()``,
+    so every request is matched (its prefix length and node set), in
+    first-come order."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    got = {}
+    for kind in KINDS:
+        rng = random.Random(n)
+        waiting, stems = _waiting(n, rng)
+        c = simulated(kind, mock_allocator=Frees())
+        for i, stem in enumerate(stems[:4]):
+            insert(c, stem[:10 * (i + 1)], list(range(100 * i, 100 * i + 10 * (i + 1))))
+        policy = SchedulePolicy("lpm", c, False, False, False)
+        policy.calc_priority(waiting)
+        got[kind] = [(r.rid, r.prefix_len, r.last_node is not None) for r in waiting]
+        if kind == "radix_soa":
+            assert c.supports_fast_match_prefix()
+            want = [match(c, r.origin_input_ids.tolist())[0] for r in waiting]
+            assert [r.prefix_len for r in waiting] == want and max(want) >= 30
+            for r in waiting:  # the node each request holds is its match's
+                assert c.path_device_indices(r.last_node).numel() == r.prefix_len
+    if n <= 128:
+        assert got["sglang"] == got["radix_soa"]
+    else:
+        assert [x[0] for x in got["radix_soa"]] == [str(i) for i in range(n)]  # FCFS order
+        assert all(x[1] == 0 for x in got["sglang"])  # RadixCache: not matched
 
 
 # ------------------------------------------------------------------ switching it on

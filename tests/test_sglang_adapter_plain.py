@@ -6,6 +6,8 @@ installed (the adapter then takes and returns SGLang's own classes and torch
 tensors); ``tests/test_sglang_adapter.py`` compares it with SGLang's cache.
 """
 
+import hashlib
+import struct
 import subprocess
 import sys
 import tomllib
@@ -93,6 +95,29 @@ def test_match_insert_and_sizes():
     assert match(c, [1, 2, 7])[:2] == (2, [10, 11])
     assert (c.evictable_size(), c.protected_size(), c.total_size()) == (4, 0, 4)
     assert match(c, [])[:2] == (0, []) and match(c, [8])[:2] == (0, [])
+
+
+def test_an_insert_results_node_reads_its_keys_tokens_later():
+    """No copy of the key at insert: the node's indices are looked up from
+    its array when first asked, after SGLang extended it; an array cut
+    since is refused."""
+    c = SGLangPrefixCache.create_simulated()
+    insert(c, [1, 2, 3], [10, 20, 30])
+    tokens = array("q", [1, 2, 3, 4, 5])
+    r = c.insert(InsertParams(key=RadixKey(tokens), value=np.array([11, 21, 31, 41, 51])))
+    tokens.extend([6, 7])
+    assert r.prefix_len == 3
+    assert np.asarray(c.path_device_indices(r.last_device_node)).tolist() == [10, 20, 30, 41, 51]
+    cut = array("q", [8, 9])
+    r = c.insert(InsertParams(key=RadixKey(cut), value=np.array([80, 90])))
+    del cut[1:]
+    with pytest.raises(ValueError, match="cut from 2 to 1 tokens"):
+        c.path_device_indices(r.last_device_node)
+
+
+def test_fast_matching_is_announced_unless_disabled():
+    assert SGLangPrefixCache.create_simulated().supports_fast_match_prefix() is True
+    assert SGLangPrefixCache.create_simulated(disable=True).supports_fast_match_prefix() is False
 
 
 def test_keys_limits_and_namespaces():
@@ -219,6 +244,72 @@ def test_bad_input_is_refused_and_changes_nothing():
     with pytest.raises(TypeError, match="params.value must hold integers"):
         c.insert(InsertParams(key=key([1, 2]), value=np.array([1.5, 2.5])))
     assert c.total_size() == 0
+
+
+def test_uint64_indices_above_int64_are_refused_and_change_nothing():
+    """2^64 - 1 would wrap to slot -1, which an eviction then hands to the
+    allocator: refused, naming the value, the cache as it was."""
+    c, alloc, _ = cache_with_pools()
+    insert(c, [1, 2], [10, 20])
+    before = (c.total_size(), match(c, [1, 2, 3])[:2])
+    for top in ((1 << 64) - 1, 1 << 63):
+        value = np.array([5, top, 6], np.uint64)
+        with pytest.raises(OverflowError, match=f"params.value holds {top}, above int64"):
+            c.insert(InsertParams(key=key([1, 2, 3]), value=value))
+        with pytest.raises(OverflowError, match=f"holds {top}"):
+            c.insert(InsertParams(key=key([7, 8, 9]), value=value))
+        assert (c.total_size(), match(c, [1, 2, 3])[:2]) == before
+    ok = np.array([5, (1 << 63) - 1, 6], np.uint64)  # the largest int64 is a slot like any
+    c.insert(InsertParams(key=key([7, 8, 9]), value=ok))
+    assert match(c, [7, 8, 9])[:2] == (3, [5, (1 << 63) - 1, 6])
+    c.evict(EvictParams(num_tokens=100))
+    assert sorted(x for call in alloc.calls for x in call[0]) == [5, 6, 10, 20, (1 << 63) - 1]
+
+
+def _sglang_page_hashes(pages, prior=b""):
+    """SGLang's published page hashes, by their definition: SHA-256 chained
+    over each page's tokens as little-endian uint32, the digest's first 8
+    bytes as a big-endian signed int."""
+    out = []
+    for page in pages:
+        prior = hashlib.sha256(prior + struct.pack(f"<{len(page)}I", *page)).digest()
+        out.append(int.from_bytes(prior[:8], "big", signed=True))
+    return out
+
+
+def test_every_page_hash_and_parent_is_sglangs():
+    """radix_soa's events of a cache through ``EventHashes``: every page's
+    hash and every run's parent present (positive and negative alike) and
+    equal to SGLang's chain; removals name the stored pages."""
+    from radix_soa.prefix_cache import PrefixCache
+
+    pc = PrefixCache(page_size=2, events=True)
+    h = types_.EventHashes()
+    seq = list(range(1, 41))
+    for end in range(2, 42, 2):  # extended page by page: each run's parent is the page before
+        pc.insert(seq[:end], values=seq[:end])
+    pc.insert([1, 2, 3, 4, 9, 9], values=[0] * 6)
+    pc.evict(pc.total_tokens)
+    want = _sglang_page_hashes([seq[i:i + 2] for i in range(0, 40, 2)])
+    branch = _sglang_page_hashes([[9, 9]], hashlib.sha256(
+        hashlib.sha256(struct.pack("<2I", 1, 2)).digest() + struct.pack("<2I", 3, 4)).digest())
+    got, parents, gone = [], [], []
+    for e in pc.take_events():
+        if type(e).__name__ == "BlockStored":
+            hashes, parent = h.stored(list(e.token_ids), e.block_size, e.parent_block_hash,
+                                      e.lora_name, e.block_hashes)
+            got += hashes
+            parents.append(parent)
+        elif type(e).__name__ == "BlockRemoved":
+            gone += h.removed(e.block_hashes)
+    assert got == want + branch
+    assert parents == [None] + want[:19] + [want[1]]
+    assert any(x >= 0 for x in got) and any(x < 0 for x in got)
+    assert sorted(gone) == sorted(got)
+    with pytest.raises(RuntimeError, match="never saw"):  # a page it was not shown
+        h.removed([12345])
+    with pytest.raises(RuntimeError, match="never saw"):
+        h.stored([1, 2], 2, 12345, None, [678])
 
 
 def test_priorities_outside_prefix_caches_range_are_clipped():

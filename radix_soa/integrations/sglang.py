@@ -22,9 +22,9 @@ would act on a detached node.
 
 Differences from SGLang's ``RadixCache`` (``docs/guide/sglang.md``):
 ``evict(n)`` frees exactly ``n`` tokens rounded up to whole pages, trimming
-leaf tails (SGLang frees whole leaves, so it may free more); the KV events'
-page hashes are radix_soa's, not SGLang's; EAGLE's bigram keys, host tiers
-(HiCache), sliding-window and Mamba state are not supported.
+leaf tails (SGLang frees whole leaves, so it may free more); EAGLE's
+bigram keys, host tiers (HiCache), sliding-window and Mamba state are not
+supported. The KV events carry SGLang's own page hashes.
 
 >>> cache = SGLangPrefixCache.create_simulated(page_size=1)
 >>> key = RadixKey(array("q", [1, 2, 3, 4]))
@@ -49,10 +49,11 @@ import numpy as np
 
 from .._input.validate import check_int
 from ..prefix_cache import PrefixCache
-from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EvictParams,
-                            EvictResult, IncLockRefResult, InsertParams, InsertResult,
-                            MatchPrefixParams, MatchResult, RadixKey, as_int64, host_array,
-                            index_tensor, namespace_of, sglang_events, tokens_of, torch)
+from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EventHashes,
+                            EvictParams, EvictResult, IncLockRefResult, InsertParams,
+                            InsertResult, MatchPrefixParams, RadixKey, as_int64, host_array,
+                            index_tensor, match_result, namespace_of, sglang_events,
+                            tokens_of, torch)
 
 __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
            "RadixKey", "MatchPrefixParams", "InsertParams", "EvictParams"]
@@ -73,10 +74,12 @@ class Node:
     __slots__ = ("handle", "_indices", "_tokens", "_namespace")
 
     def __init__(self, handle: int, indices: Optional[np.ndarray] = None,
-                 tokens: Optional[np.ndarray] = None, namespace: Optional[str] = None) -> None:
+                 tokens: Any = None, namespace: Optional[str] = None) -> None:
         self.handle = handle
         self._indices = indices     # the path's KV indices (NumPy or a tensor), if known
-        self._tokens = tokens       # else the path's tokens (a copy), to look them up
+        # else the path's tokens, to look them up: a copy, or (an insert's
+        # key array('q'), its length then), which SGLang only ever extends
+        self._tokens = tokens
         self._namespace = namespace
 
     def __eq__(self, other: object) -> bool:
@@ -120,7 +123,8 @@ class SGLangPrefixCache(BasePrefixCache):
         self.eviction_policy = str(getattr(params, "eviction_policy", "lru") or "lru").lower()
         self.enable_kv_cache_events = (bool(getattr(params, "enable_kv_cache_events", False))
                                        and not self.disable)
-        self._lora_names = getattr(params, "kv_event_lora_names", None)
+        self._hashes = EventHashes(getattr(params, "kv_event_lora_names", None),
+                                   getattr(params, "dynamo_kv_event_format", False))
         self.device = _device_of(self.token_to_kv_pool_allocator)
         # where index tensors go: None for the CPU (torch.from_numpy's own)
         self._to = None if self.device is None or self.device.type == "cpu" else self.device
@@ -153,9 +157,7 @@ class SGLangPrefixCache(BasePrefixCache):
         node handles taken before are void."""
         self._pc.reset()
         self.root_node = Node(self._pc.peek(_EMPTY).node, _EMPTY)
-        self._empty_match = MatchResult(device_prefix_len=0, last_device_node=self.root_node,
-                                        last_host_node=self.root_node,
-                                        best_match_node=self.root_node)
+        self._empty_match = match_result(0, self.root_node)
 
     def match_prefix(self, params: Any) -> Any:
         """The longest cached prefix of ``params.key`` in whole pages (a
@@ -166,30 +168,40 @@ class SGLangPrefixCache(BasePrefixCache):
         q = tokens_of(key)
         if self.disable or q.shape[0] < self.page_size:
             return self._empty_match
-        m = self._pc.match(q, namespace_of(key.extra_key, getattr(key, "cache_salt", None)))
-        node = Node(m.node, m.values)
-        return MatchResult(device_prefix_len=m.length, last_device_node=node,
-                           last_host_node=node, best_match_node=node)
+        extra_key, cache_salt = key.extra_key, key.cache_salt
+        m = self._pc.match(q, None if extra_key is None and cache_salt is None
+                           else namespace_of(extra_key, cache_salt))
+        return match_result(m.length, Node(m.node, m.values))
 
     def insert(self, params: Any) -> Any:
         """Cache ``params.key`` (whole pages) with the KV indices
         ``params.value`` (``None``: the token ids themselves, SGLang's test
         fallback). ``prefix_len``: the leading tokens cached before, which
-        keep their indices (the caller frees its duplicates)."""
+        keep their indices (the caller frees its duplicates). The result's
+        node reads the key's ``array('q')`` (no copy) when its indices are
+        first asked: SGLang only ever appends to a request's tokens."""
         if self.disable:
             return InsertResult(prefix_len=0)
         key = params.key
         q = tokens_of(key)
-        n = q.shape[0] - q.shape[0] % self.page_size
-        q = q[:n]
+        n = q.shape[0]
+        if self.page_size != 1 and n % self.page_size:
+            n -= n % self.page_size
+            q = q[:n]
         value = params.value
         values = q.copy() if value is None else as_int64(value, "params.value")
         if values.shape[0] < n:
             raise ValueError(f"params.value has {values.shape[0]} indices for the key's {n} "
                              "tokens in whole pages")
-        ns = namespace_of(key.extra_key, getattr(key, "cache_salt", None))
-        r = self._pc.insert(q, values[:n], ns, _priority(getattr(params, "priority", 0)))
-        return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, q.copy(), ns))
+        extra_key, cache_salt = key.extra_key, key.cache_salt
+        ns = (None if extra_key is None and cache_salt is None
+              else namespace_of(extra_key, cache_salt))
+        priority = params.priority
+        r = self._pc.insert(q, values if values.shape[0] == n else values[:n], ns,
+                            _priority(priority) if priority else 0)
+        t = key.token_ids
+        path = (t, n) if type(t) is array and key.limit is None else q.copy()
+        return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, path, ns))
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Cache what ``req`` has computed so far, ``req.full_untruncated_fill_ids[:up_to]``
@@ -310,15 +322,34 @@ class SGLangPrefixCache(BasePrefixCache):
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
 
+    def supports_fast_match_prefix(self) -> bool:
+        """True: a match costs a few µs, so SGLang's scheduler may match
+        every waiting request (``SchedulePolicy.calc_priority`` does past
+        its 128-request LPM limit too, and skips its waiting-prefix refresh)."""
+        return not self.disable
+
     def path_device_indices(self, node: Any) -> Any:
         """The KV indices of root..``node`` (int64, on the allocator's
         device); valid while the path is locked, as SGLang's."""
-        _handle(node)
-        if node._indices is None:
-            node._indices = self._pc.peek(node._tokens, node._namespace).values
-        if type(node._indices) is np.ndarray:
-            node._indices = index_tensor(node._indices, self._to)
-        return node._indices
+        if type(node) is not Node:
+            _handle(node)  # raises
+        indices = node._indices
+        if type(indices) is np.ndarray and self._to is None and indices.flags.writeable:
+            node._indices = indices = _from_numpy(indices)  # a match's: the common case
+            return indices
+        if indices is None:
+            tokens = node._tokens
+            if type(tokens) is tuple:  # an insert's key, read now (no view kept)
+                t, n = tokens
+                if len(t) < n:
+                    raise ValueError(f"node: the token array of the insert that returned it "
+                                     f"was cut from {n} to {len(t)} tokens since")
+                tokens = np.array(t[:n], np.int64)
+            node._indices = self._pc.peek(tokens, node._namespace).values
+        indices = node._indices
+        if type(indices) is np.ndarray:
+            node._indices = indices = index_tensor(indices, self._to)
+        return indices
 
     def all_values_flatten(self) -> Any:
         """Every cached KV index, in node order."""
@@ -340,11 +371,12 @@ class SGLangPrefixCache(BasePrefixCache):
                                   f"{BACKEND}")
 
     def take_events(self) -> list:
-        """The KV events since the last call (SGLang's ``BlockStored`` /
-        ``BlockRemoved`` / ``AllBlocksCleared``, radix_soa's page hashes)."""
+        """The KV events since the last call: SGLang's ``BlockStored`` /
+        ``BlockRemoved`` / ``AllBlocksCleared``, with the page hashes and the
+        grouping SGLang's ``RadixCache`` publishes for the same pages."""
         if not self.enable_kv_cache_events:
             return []
-        return sglang_events(self._pc.take_events(), self._lora_names)
+        return sglang_events(self._pc.take_events(), self._hashes)
 
     def pretty_print(self) -> None:
         self._pc.pretty_print()
@@ -366,9 +398,14 @@ class _Tokens:
     """A token array as ``tokens_of`` reads a key."""
 
     __slots__ = ("token_ids",)
+    is_bigram = False
+    limit = None
 
     def __init__(self, token_ids: Any) -> None:
         self.token_ids = token_ids
+
+
+_from_numpy = torch.from_numpy if torch is not None else (lambda a: a)
 
 
 def _handle(node: Any) -> int:
