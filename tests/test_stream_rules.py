@@ -235,3 +235,17 @@ def test_a_refused_batch_degrades(has_replay):
     r.on_start()
     assert [a.kind for a in r.on_refused(3, "block_size 2")] == ["degrade"]
     assert r.status == "degraded" and "block_size 2" in r.last_error and r.stats["errors"] == 1
+
+
+def test_a_restart_whose_new_count_passed_the_old_one_is_seen_by_the_payload():
+    w = World(100)
+    for _ in range(3):
+        w.publish("send")
+    w.settle()
+    w.restart()
+    for _ in range(5):
+        w.publish("drop")                   # seqs 0..4 of the new stream, unseen
+    w.publish("send")
+    w.settle()
+    r = w.rules
+    assert r.stats["restarts"] == 1 and r.status == "exact" and w.applied == w.history[1]
