@@ -40,6 +40,7 @@ class OverlapReport(NamedTuple):
     not known exactly (``RouterIndex.degraded``), read at one instant."""
     scores: dict
     degraded: frozenset
+    syncing: frozenset = frozenset()  # not confirmed yet (``RouterIndex.syncing``)
 
 
 def worker_id(worker):
@@ -176,6 +177,7 @@ class RouterIndex(ReadersWriter):
         self._out = slice(0, 0)  # their columns in a result row (a slice when in order)
         self._status = {}      # degraded worker id -> the first problem since it was exact
         self._seq = {}         # worker id -> the last seq applied
+        self._syncing = {}     # worker id -> why its feed has not confirmed it yet
         self._forgotten = 0    # pages the budget forgot, since creation
         self._words = 1
         self._budget_words = self._budget_nodes = 0  # _node_budget's cache
@@ -203,6 +205,7 @@ class RouterIndex(ReadersWriter):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("_syncing", {})  # pickled before syncing existed
         self._init_lock()
 
     # ------------------------------------------------------------ storage
@@ -630,6 +633,7 @@ class RouterIndex(ReadersWriter):
             self._order.remove(worker)
             self._status.pop(worker, None)
             self._seq.pop(worker, None)
+            self._syncing.pop(worker, None)
             self._live[w] &= ~bit
             self._columns_changed()
 
@@ -641,13 +645,68 @@ class RouterIndex(ReadersWriter):
     # ------------------------------------------------------------ status
     def status(self, worker):
         """``"exact"`` (every event since the worker's last clear or
-        snapshot applied) or ``"degraded"`` (one could not: its pages are
-        what the index could apply); ``KeyError`` for an unknown worker."""
+        snapshot applied), ``"degraded"`` (one could not: its pages are
+        what the index could apply) or ``"syncing"`` (its feed has not
+        confirmed it yet: ``mark_syncing``); ``KeyError`` for an unknown
+        worker."""
         worker = worker_id(worker)
         with self._lock:
             if worker not in self._cols:
                 raise KeyError(f"worker {worker!r} is not in the index")
-            return "degraded" if worker in self._status else "exact"
+            if worker in self._status:
+                return "degraded"
+            return "syncing" if worker in self._syncing else "exact"
+
+    def mark_syncing(self, worker, reason=None):
+        """Mark ``worker`` syncing because of ``reason`` (a str: its feed has
+        not confirmed its pages yet, such as a replay under way), or, with
+        ``reason=None``, confirmed again. Its pages stay; ``status`` says
+        ``"degraded"`` while it is degraded too. ``KeyError`` for an
+        unknown worker.
+
+        >>> import radix_soa as rs
+        >>> ix = rs.RouterIndex(page_size=2, workers=["w"])
+        >>> ix.mark_syncing("w", "replaying from 0"); ix.status("w"), ix.syncing
+        ('syncing', {'w': 'replaying from 0'})
+        >>> ix.mark_syncing("w", None); ix.status("w")
+        'exact'
+        """
+        worker = worker_id(worker)
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"reason must be a str or None; got {type(reason).__name__}")
+        with self._writing:
+            if worker not in self._cols:
+                raise KeyError(f"worker {worker!r} is not in the index")
+            if reason is None:
+                self._syncing.pop(worker, None)
+            else:
+                self._syncing[worker] = reason
+
+    @property
+    def syncing(self):
+        """The syncing workers, in registration order: a dict from worker id
+        to why (``mark_syncing``)."""
+        with self._lock:
+            return {w: self._syncing[w] for w in self._order if w in self._syncing}
+
+    def statuses(self):
+        """Every worker's ``(status, reason)``, in registration order, at one
+        instant (``reason`` None for an exact worker).
+
+        >>> import radix_soa as rs
+        >>> rs.RouterIndex(page_size=2, workers=["w"]).statuses()
+        {'w': ('exact', None)}
+        """
+        with self._lock:
+            out = {}
+            for w in self._order:
+                if w in self._status:
+                    out[w] = ("degraded", self._status[w])
+                elif w in self._syncing:
+                    out[w] = ("syncing", self._syncing[w])
+                else:
+                    out[w] = ("exact", None)
+            return out
 
     def mark_degraded(self, worker, problem):
         """Mark ``worker`` degraded because of ``problem`` (a str: an event
@@ -797,18 +856,20 @@ class RouterIndex(ReadersWriter):
             return dict(zip(self._order, self.overlap(tokens, namespace).tolist()))
 
     def overlap_report(self, tokens, namespace=None):
-        """``overlap_scores`` and the degraded workers among them, at one
-        instant: an ``OverlapReport(scores, degraded)``.
+        """``overlap_scores``, the degraded workers and the syncing ones
+        among them, at one instant: an ``OverlapReport(scores, degraded,
+        syncing)``.
 
         >>> import radix_soa as rs
         >>> ix = rs.RouterIndex(page_size=2, workers=[0, 1], strict=False)
         >>> ix.apply(1, [rs.BlockRemoved([5])])
         >>> ix.overlap_report([1, 2])
-        OverlapReport(scores={0: 0, 1: 0}, degraded=frozenset({1}))
+        OverlapReport(scores={0: 0, 1: 0}, degraded=frozenset({1}), syncing=frozenset())
         """
         with self._lock:
             return OverlapReport(self.overlap_scores(tokens, namespace),
-                                 frozenset(self._status))
+                                 frozenset(self._status),
+                                 frozenset(w for w in self._syncing if w not in self._status))
 
     def overlap_batch(self, batch, namespace=None):
         """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
