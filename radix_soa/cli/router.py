@@ -44,6 +44,20 @@ def worker_spec(text):
     return wid, ep
 
 
+def seconds_arg(flag, low=None):
+    """A number of seconds > ``low`` (>= 0 when ``low`` is None)."""
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        if not (v >= 0 if low is None else v > low) or v >= 1e6:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds"
+                                             f"{' > 0' if low is not None else ''}; got {text!r}")
+        return v
+    return parse
+
+
 def port_arg(text):
     return int_arg(text, 0, 65535)
 
@@ -101,6 +115,17 @@ def add_parser(sub, bounded, pos_int, size):
                    help="prefix_hash: ring points per worker (default 64)")
     r.add_argument("--allow-new-workers", action="store_true",
                    help="let POST /events add a worker not given by --worker (default: a 400)")
+    r.add_argument("--max-workers", type=bounded(1 << 16), default=1024,
+                   help="POST /events adds no worker past this many (default 1024)")
+    r.add_argument("--max-body", type=lambda t: size(t, "--max-body"), default=64 << 20,
+                   help="a request body larger than this is refused (413) before it is read "
+                        "(default 64M)")
+    r.add_argument("--probe-every", type=seconds_arg("--probe-every"), default=2.0,
+                   metavar="SECONDS", help="a subscribed worker quiet this long is probed "
+                   "through its replay socket, so a lost last batch or an idle restarted "
+                   "engine is seen (default 2; 0: never)")
+    r.add_argument("--replay-timeout", type=seconds_arg("--replay-timeout", 0), default=5.0,
+                   metavar="SECONDS", help="a replay silent this long is given up (default 5)")
     r.set_defaults(func=router)
     return r
 
@@ -130,14 +155,16 @@ def router(args):
         except ImportError:
             raise UsageError("subscribing to --worker publishers needs pyzmq and msgpack: "
                              "pip install 'radix-soa[vllm]'") from None
-        subscriber = KVEventSubscriber(index, endpoints)
+        subscriber = KVEventSubscriber(index, endpoints, replay_timeout=args.replay_timeout,
+                                       probe_every=args.probe_every or None)
     svc = RouterService(index, subscriber=subscriber, policy=args.policy,
                         cache_threshold=args.cache_threshold,
                         balance_abs_threshold=args.balance_abs_threshold,
                         balance_rel_threshold=args.balance_rel_threshold,
                         overlap_weight=args.overlap_weight, load=args.load,
                         prefix_pages=args.prefix_pages, vnodes=args.vnodes,
-                        allow_new_workers=args.allow_new_workers)
+                        allow_new_workers=args.allow_new_workers,
+                        max_workers=args.max_workers, max_body=int(args.max_body))
 
     def announce(port):
         sys.stderr.write(f"radix-soa router: listening on http://{args.host}:{port} "

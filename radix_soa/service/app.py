@@ -64,16 +64,19 @@ from .._events.kv_events import EventError, namespace_seed
 from ..baselines import routing_rules as rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
-from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,
-                     read_tokens)
+from .schema import (LOAD_FIELDS, BadRequest, check_keys, cut, loads_of, namespace_of,
+                     parse_body, read_tokens, shown)
 
 __all__ = ["RouterService", "POLICIES"]
 
 POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
-ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/metrics")
+ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/readyz",
+             "/metrics")
 ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
 MAX_BODY = 64 << 20
+MAX_WORKER_ID = 256   # characters of a worker id posted to /events
+OFF_LOOP = 1 << 20    # a body larger than this is parsed and applied off the event loop
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -123,7 +126,8 @@ class RouterService:
 
     def __init__(self, index, *, subscriber=None, policy="cache_aware", cache_threshold=0.5,
                  balance_abs_threshold=32, balance_rel_threshold=1.1, overlap_weight=1.0,
-                 load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False):
+                 load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False,
+                 max_workers=1024, max_body=MAX_BODY):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         if policy not in POLICIES:
@@ -136,9 +140,11 @@ class RouterService:
                             ("overlap_weight", overlap_weight, 0)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < 1e18:
                 raise ValueError(f"{name} must be a number >= {lo}; got {v!r}")
-        for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes)):
-            if type(v) is not int or not 1 <= v <= 1 << 16:
-                raise ValueError(f"{name} must be an int in [1, 65536]; got {v!r}")
+        for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes),
+                        ("max_workers", max_workers), ("max_body", max_body)):
+            top = 1 << 40 if name == "max_body" else 1 << 16
+            if type(v) is not int or not 1 <= v <= top:
+                raise ValueError(f"{name} must be an int in [1, {top}]; got {v!r}")
         self.index = index
         self.subscriber = subscriber
         self.allow_new_workers = bool(allow_new_workers)
@@ -152,6 +158,10 @@ class RouterService:
         self._loads = {}      # worker id -> [requests, tokens, active_blocks, prefill_tokens]
         self._routed = {}     # worker id -> requests routed to it
         self._posted = {}     # worker id -> [batches, events] posted to /events
+        self._posted_seq = {}  # worker id -> the last seq posted to /events and applied
+        self.max_workers = max_workers
+        self.max_body = max_body
+        self._executor = None  # one thread: /events, and any large body, off the event loop
         self._kv_turn = 0     # kv_overlap's tie-break start
         self._view = _View([])
         self._hist = {e: Histogram() for e in ENDPOINTS}
@@ -229,7 +239,8 @@ class RouterService:
         rep = self.index.overlap_report(tokens, namespace_of(body))
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
-                     "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
+                     "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded],
+                     "syncing": [n for n, w in zip(v.names, v.ids) if w in rep.syncing]}
 
     def _route(self, raw):
         body, tokens = read_tokens(raw, ROUTE_FIELDS)
@@ -257,7 +268,8 @@ class RouterService:
         return 200, {"worker": v.names[pos], "policy": policy, "mode": mode,
                      "overlap": dict(zip(v.names, overlaps)),
                      "load": dict(zip(LOAD_FIELDS, rows[pos])),
-                     "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded]}
+                     "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded],
+                     "syncing": [n for n, x in zip(v.names, v.ids) if x in rep.syncing]}
 
     def _load(self, raw):
         body = parse_body(raw)
@@ -287,27 +299,37 @@ class RouterService:
         body = parse_body(raw)
         check_keys(body, ("worker", "events", "seq"))
         name = body.get("worker")
-        if not isinstance(name, str) or not name:
-            raise BadRequest(f"worker must be a non-empty string; got {name!r}")
+        if (not isinstance(name, str) or not name or len(name) > MAX_WORKER_ID
+                or not name.isprintable()):
+            raise BadRequest(f"worker must be a non-empty printable string of at most "
+                             f"{MAX_WORKER_ID} characters; got {shown(name)}")
         events = body.get("events")
         if not isinstance(events, list):
             raise BadRequest("events must be a list of event objects")
         seq = body.get("seq")
         if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
-            raise BadRequest(f"seq must be an integer >= 0; got {seq!r}")
+            raise BadRequest(f"seq must be an integer >= 0; got {shown(seq)}")
         v = self._current(self.index.workers)
         if name not in v.pos and not self.allow_new_workers:
             # a typo must not become a worker that routes then prefer (no load, no cache)
-            raise BadRequest(f"worker: unknown worker {name!r}; the workers are "
-                             f"{', '.join(map(repr, v.names)) or 'none'} (start the service "
-                             "with allow_new_workers=True to let a POST add one)")
+            raise BadRequest(f"worker: unknown worker {shown(name)}; the workers are "
+                             f"{cut(', '.join(map(repr, v.names))) or 'none'} (start the "
+                             "service with allow_new_workers=True to let a POST add one)")
+        if name not in v.pos and len(v.ids) >= self.max_workers:
+            raise BadRequest(f"worker: {shown(name)} would be worker {len(v.ids) + 1}, past "
+                             f"max_workers={self.max_workers}")
         w = v.ids[v.pos[name]] if name in v.pos else name
+        last = self._posted_seq.get(w)
+        if seq is not None and last is not None and seq <= last:
+            return 200, {"worker": name, "applied": 0, "duplicate": True}
         try:
             self.index.apply(w, events, seq=seq)
         except EventError as e:
             raise BadRequest(f"events: {e}") from None
         except (TypeError, ValueError, OverflowError, KeyError) as e:
             raise BadRequest(f"events: {e}") from None
+        if seq is not None:
+            self._posted_seq[w] = seq
         p = self._posted.setdefault(w, [0, 0])
         p[0] += 1
         p[1] += len(events)
@@ -329,12 +351,14 @@ class RouterService:
     def _workers(self, raw):
         ix = self.index
         v = self._current(ix.workers)
-        degraded = ix.degraded
+        statuses = ix.statuses()
         out = []
         for n, w in zip(v.names, v.ids):
             stats = self._event_stats(w)
-            out.append({"id": n, "status": "degraded" if w in degraded else "exact",
-                        "problem": degraded.get(w), "load": dict(zip(LOAD_FIELDS,
+            status, reason = statuses.get(w, ("exact", None))
+            out.append({"id": n, "status": status, "reason": reason,
+                        "problem": reason if status == "degraded" else None,
+                        "load": dict(zip(LOAD_FIELDS,
                                                                      self._load_row(w))),
                         "routed": self._routed.get(w, 0),
                         "events": {k: x for k, x in stats.items()
@@ -350,6 +374,21 @@ class RouterService:
         # a stopped feed means a stale index: 503, so a probe reading only the status sees it
         return 200 if events_ok else 503, {"status": "ok" if events_ok else "events stopped", "workers": n,
                      "degraded": bad, "uptime_seconds": round(time.time() - self.started, 3)}
+
+    def _readyz(self, raw):
+        """200 when every worker is exact (and the feed runs), else 503 with
+        the workers that are not and why."""
+        sub = self.subscriber
+        events_ok = sub is None or getattr(sub, "running", True)
+        statuses = self.index.statuses()
+        v = self._current(list(statuses))
+        waiting = [{"id": n, "status": st[0], "reason": st[1]}
+                   for n, st in zip(v.names, statuses.values()) if st[0] != "exact"]
+        ready = events_ok and not waiting
+        out = {"ready": ready, "workers": len(statuses), "not_exact": waiting}
+        if not events_ok:
+            out["error"] = "events stopped"
+        return (200 if ready else 503), out
 
     def metrics_text(self):
         """The Prometheus text of ``/metrics``."""
@@ -383,12 +422,20 @@ class RouterService:
                       [(lab, stats[w].get("posted_events", 0)) for n, w, lab in wl])
         out += family(p + "worker_degraded", "gauge", "1 if the worker's pages are not known "
                       "exactly", [(lab, int(w in degraded)) for n, w, lab in wl])
+        statuses = ix.statuses()
+        out += family(p + "worker_status", "gauge", "1 for each worker's status (exact, "
+                      "syncing, degraded), its reason beside", [
+                          (f'{lab},status="{statuses.get(w, ("exact", None))[0]}",reason="'
+                           f'{label(cut(statuses.get(w, ("exact", None))[1] or "", 200))}"', 1)
+                          for n, w, lab in wl])
         out += family(p + "worker_load", "gauge", "The load each worker was told to have",
                       [(f'{lab},kind="{k}"', x) for n, w, lab in wl
                        for k, x in zip(LOAD_FIELDS, self._load_row(w))])
         out += family(p + "workers", "gauge", "Registered workers", [("", len(v.ids))])
         out += family(p + "degraded_workers", "gauge", "Degraded workers",
                       [("", len(degraded))])
+        out += family(p + "syncing_workers", "gauge", "Workers not confirmed yet (syncing)",
+                      [("", sum(st[0] == "syncing" for st in statuses.values()))])
         out += family(p + "index_bytes", "gauge", "Bytes of the index's arrays",
                       [("", mem["bytes"])])
         out += family(p + "index_pages", "gauge", "Distinct pages some worker holds",
@@ -403,6 +450,7 @@ class RouterService:
         return {"/overlap": ("POST", self._overlap), "/route": ("POST", self._route),
                 "/load": ("POST", self._load), "/events": ("POST", self._events),
                 "/workers": ("GET", self._workers), "/healthz": ("GET", self._healthz),
+                "/readyz": ("GET", self._readyz),
                 "/metrics": ("GET", self._metrics)}
 
     async def __call__(self, scope, receive, send):
@@ -412,32 +460,48 @@ class RouterService:
         t0 = time.perf_counter()
         path = scope["path"]
         entry = self._routes.get(path)
+        limit = self.max_body
+        declared = None
+        for k, val in scope.get("headers", ()):
+            if k == b"content-length":
+                try:
+                    declared = int(val)
+                except ValueError:
+                    declared = None
         chunks = []
         size = 0
-        while True:  # the whole body, bounded
-            m = await receive()
-            if m["type"] == "http.disconnect":
-                return
-            part = m.get("body", b"")
-            size += len(part)
-            if size <= MAX_BODY:
+        if declared is None or declared <= limit:
+            while True:  # the whole body, bounded: reading stops past the limit
+                m = await receive()
+                if m["type"] == "http.disconnect":
+                    return
+                part = m.get("body", b"")
+                size += len(part)
+                if size > limit:
+                    break
                 chunks.append(part)
-            if not m.get("more_body"):
-                break
+                if not m.get("more_body"):
+                    break
+        else:
+            size = declared  # refused before it is read
         extra = []
         if entry is None:
-            status, out = 404, {"error": f"no endpoint {path[:100]}; the endpoints are "
+            status, out = 404, {"error": f"no endpoint {cut(path, 100)}; the endpoints are "
                                          f"{', '.join(ENDPOINTS)}"}
         elif scope["method"] != entry[0]:
             status, out = 405, {"error": f"{path} takes {entry[0]}"}
             extra = [(b"allow", entry[0].encode())]
-        elif size > MAX_BODY:
-            status, out = 413, {"error": f"the body is larger than {MAX_BODY} bytes"}
+        elif size > limit:
+            status, out = 413, {"error": f"the body is larger than {limit} bytes"}
+            extra = [(b"connection", b"close")]
         else:
-            try:
-                status, out = entry[1](chunks[0] if len(chunks) == 1 else b"".join(chunks))
-            except BadRequest as e:
-                status, out = 400, {"error": " ".join(str(e).split())}
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if path == "/events" or size > OFF_LOOP:
+                # parsed and applied in one thread beside the loop: others are answered
+                status, out = await asyncio.get_running_loop().run_in_executor(
+                    self._pool(), self._handle, entry[1], body)
+            else:
+                status, out = self._handle(entry[1], body)
         if isinstance(out, str):
             payload, ctype = out.encode(), _TEXT
         else:
@@ -450,6 +514,19 @@ class RouterService:
         self._counts[key] = self._counts.get(key, 0) + 1
         if entry is not None:
             self._hist[path].observe(time.perf_counter() - t0)
+
+    @staticmethod
+    def _handle(handler, body):
+        try:
+            return handler(body)
+        except BadRequest as e:
+            return 400, {"error": cut(" ".join(str(e)[:4096].split()), 1024)}
+
+    def _pool(self):
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="radix-soa-router-body")
+        return self._executor
 
     def _warm(self):
         """Compile (or load) the kernels a route runs before the first one."""
@@ -531,6 +608,9 @@ class RouterService:
             self._server.should_exit = True
             self._thread.join(30)
             self._thread = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def serve_forever(self, host="127.0.0.1", port=8000, announce=None):
         """Serve until SIGINT or SIGTERM (the command line; from the main
