@@ -61,6 +61,8 @@ def test_a_worker_is_syncing_until_its_publisher_confirms_it_and_readyz_says_so(
     engine.insert(list(range(8)))
     pub.publish(engine.take_events(), send=False)   # before the router: only in the buffer
     # "down" never answers: a publisher at a wrong address
+    stop, server = threading.Event(), threading.Thread(target=lambda: None)
+    server.start()
     svc = RouterService.from_endpoints({"up": (pub.endpoint, pub.replay_endpoint),
                                         "down": ("tcp://127.0.0.1:9", "tcp://127.0.0.1:9")},
                                        page_size=PAGE).start()
@@ -70,9 +72,14 @@ def test_a_worker_is_syncing_until_its_publisher_confirms_it_and_readyz_says_so(
         out = call(svc, "POST", "/overlap", {"tokens": list(range(8))})[1]
         assert out["overlap"] == {"up": 0, "down": 0} and out["syncing"] == ["up", "down"]
         assert call(svc, "POST", "/route", {"tokens": [1]})[1]["syncing"] == ["up", "down"]
-        until(lambda: pub.serve_replay(100) >= 1)   # the router asked, no batch awaited
-        until(lambda: call(svc, "POST", "/overlap", {"tokens": list(range(8))})[1]["overlap"]
-              ["up"] == 8)
+        stop = threading.Event()
+        server = threading.Thread(target=lambda: [pub.serve_replay(50) for _ in iter(
+            stop.is_set, True)])
+        server.start()                              # the router asked, no batch awaited
+        until(lambda: call(svc, "POST", "/overlap", {"tokens": list(range(8))})[1]["syncing"]
+              == ["down"])
+        assert call(svc, "POST", "/overlap", {"tokens": list(range(8))})[1]["overlap"] == \
+            {"up": 8, "down": 0}
         workers = {w["id"]: w for w in call(svc, "GET", "/workers")[1]["workers"]}
         assert workers["up"]["status"] == "exact" and workers["up"]["reason"] is None
         assert workers["down"]["status"] == "syncing"
@@ -88,6 +95,8 @@ def test_a_worker_is_syncing_until_its_publisher_confirms_it_and_readyz_says_so(
         assert st == 200 and out["ready"] and out["not_exact"] == []
     finally:
         svc.stop()
+        stop.set()
+        server.join(10)
         pub.close()
 
 

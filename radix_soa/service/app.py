@@ -55,6 +55,7 @@ the load test run it on a free port from a thread in a few lines.
 """
 
 import asyncio
+import gc
 import json
 import socket
 import threading
@@ -162,6 +163,9 @@ class RouterService:
         self.max_workers = max_workers
         self.max_body = max_body
         self._executor = None  # one thread: /events, and any large body, off the event loop
+        self._readers = None   # threads for reads while a large write runs
+        self._heavy = 0        # large writes running in ``_executor``
+        self._health = (len(index.workers), len(index.degraded))
         self._kv_turn = 0     # kv_overlap's tie-break start
         self._view = _View([])
         self._hist = {e: Histogram() for e in ENDPOINTS}
@@ -296,7 +300,7 @@ class RouterService:
                                for n, w in zip(v.names, v.ids)}}
 
     def _events(self, raw):
-        body = parse_body(raw)
+        body = parse_body(raw, stream=("events",))
         check_keys(body, ("worker", "events", "seq"))
         name = body.get("worker")
         if (not isinstance(name, str) or not name or len(name) > MAX_WORKER_ID
@@ -368,7 +372,14 @@ class RouterService:
 
     def _healthz(self, raw):
         ix = self.index
-        n, bad = len(ix.workers), len(ix.degraded)
+        # liveness: never waits for the index (a large apply holds its lock);
+        # the counts are those of the last instant it was free
+        if ix._lock.acquire(blocking=False):
+            try:
+                self._health = (len(ix.workers), len(ix.degraded))
+            finally:
+                ix._lock.release()
+        n, bad = self._health
         sub = self.subscriber
         events_ok = sub is None or getattr(sub, "running", True)
         # a stopped feed means a stale index: 503, so a probe reading only the status sees it
@@ -495,11 +506,20 @@ class RouterService:
             status, out = 413, {"error": f"the body is larger than {limit} bytes"}
             extra = [(b"connection", b"close")]
         else:
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = chunks[0] if len(chunks) == 1 else chunks  # joined where it is handled
             if path == "/events" or size > OFF_LOOP:
                 # parsed and applied in one thread beside the loop: others are answered
+                heavy = size > OFF_LOOP
+                self._heavy += heavy
+                try:
+                    status, out = await asyncio.get_running_loop().run_in_executor(
+                        self._pool(), self._handle, entry[1], body, heavy)
+                finally:
+                    self._heavy -= heavy
+            elif self._heavy and path != "/healthz":
+                # the index may be held by that write: wait for it in a thread
                 status, out = await asyncio.get_running_loop().run_in_executor(
-                    self._pool(), self._handle, entry[1], body)
+                    self._read_pool(), self._handle, entry[1], body)
             else:
                 status, out = self._handle(entry[1], body)
         if isinstance(out, str):
@@ -516,17 +536,32 @@ class RouterService:
             self._hist[path].observe(time.perf_counter() - t0)
 
     @staticmethod
-    def _handle(handler, body):
+    def _handle(handler, body, heavy=False):
+        # a large body makes objects by the million: the cyclic collector's
+        # passes over them would hold the GIL for 100s of ms (the event loop
+        # waits), and reference counting frees them anyway
+        collecting = heavy and gc.isenabled()
+        if collecting:
+            gc.disable()
         try:
-            return handler(body)
+            return handler(body if isinstance(body, bytes) else b"".join(body))
         except BadRequest as e:
             return 400, {"error": cut(" ".join(str(e)[:4096].split()), 1024)}
+        finally:
+            if collecting:
+                gc.enable()
 
     def _pool(self):
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="radix-soa-router-body")
         return self._executor
+
+    def _read_pool(self):
+        if self._readers is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._readers = ThreadPoolExecutor(4, thread_name_prefix="radix-soa-router-read")
+        return self._readers
 
     def _warm(self):
         """Compile (or load) the kernels a route runs before the first one."""
@@ -608,9 +643,10 @@ class RouterService:
             self._server.should_exit = True
             self._thread.join(30)
             self._thread = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for pool in (self._executor, self._readers):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._executor = self._readers = None
 
     def serve_forever(self, host="127.0.0.1", port=8000, announce=None):
         """Serve until SIGINT or SIGTERM (the command line; from the main
