@@ -192,3 +192,40 @@ def test_healthz_is_answered_while_a_large_body_is_handled():
         assert answered >= 1
     finally:
         svc.stop()
+
+
+class HeldIndex(rs.RouterIndex):
+    """An index whose next apply, once armed, holds its lock until
+    ``release`` is set: a large write in progress, for as long as the test
+    wants."""
+
+    held = None
+
+    def apply(self, worker, events, **kw):
+        held, self.held = self.held, None
+        if held is not None:
+            entered, release = held
+            with self._lock:
+                entered.set()
+                release.wait(60)
+        return super().apply(worker, events, **kw)
+
+
+def test_healthz_does_not_wait_for_an_apply_in_progress():
+    ix = HeldIndex(page_size=PAGE, workers=["w0"], strict=False)
+    svc = RouterService(ix).start()
+    entered, release = threading.Event(), threading.Event()
+    done = []
+    t = threading.Thread(target=lambda: done.append(call(svc, "POST", "/events", {
+        "worker": "w0", "events": []}, timeout=60)))
+    try:
+        ix.held = (entered, release)
+        t.start()
+        assert entered.wait(30)
+        st, out = call(svc, "GET", "/healthz", timeout=30)   # answered while the post waits
+        assert st == 200 and out["workers"] == 1 and not done
+    finally:
+        release.set()
+        t.join(60)
+        svc.stop()
+    assert done[0][0] == 200
