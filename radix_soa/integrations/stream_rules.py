@@ -116,14 +116,14 @@ class StreamRules:
         self.last_payload = None  # its payload: a replay of it is compared
         self.high = None          # the highest seq read on the PUB socket
         self.high_payload = None  # and its payload: the same seq with another is a restart
-        self.pending = {}         # seq -> (payload, decoded or _Unreadable): held
+        self.pending: dict = {}   # seq -> (payload, decoded or _Unreadable): held
         self.asking = None        # the replay under way (_Ask) or None
         self.need_verify = False  # a reconnect not yet checked by a replay
         self.syncing = "not started"
         self.degraded = None
         self.stats = dict.fromkeys(STATS, 0)
         self.last_error = None
-        self._out = []
+        self._out: list = []
 
     # ------------------------------------------------------------ helpers
     @property
@@ -216,7 +216,7 @@ class StreamRules:
     # ------------------------------------------------------------ arrivals
     def on_start(self):
         """The subscription begins: a new stream, asked from 0."""
-        self._out = []
+        self._out: list = []
         if self.asking is not None:
             self._out.append(Action("drop_replay"))
             self.asking = None
@@ -231,7 +231,7 @@ class StreamRules:
 
     def on_batch(self, seq, payload):
         """A batch off the PUB socket."""
-        self._out = []
+        self._out: list = []
         decoded = self._decode(payload)
         if isinstance(decoded, _Unreadable):
             self.stats["unreadable"] += 1
@@ -282,7 +282,7 @@ class StreamRules:
         """The PUB socket made a new connection after its first: checked by
         a replay from the last batch applied (or, with no replay socket,
         a restart cannot be ruled out)."""
-        self._out = []
+        self._out: list = []
         self.stats["reconnects"] += 1
         if not self.has_replay:
             if self.last is not None:
@@ -299,7 +299,7 @@ class StreamRules:
     def on_quiet(self):
         """No batch for a while: probe the replay from the last batch applied
         (nothing while a replay runs, or without a replay socket)."""
-        self._out = []
+        self._out: list = []
         if self.has_replay and self.asking is None:
             self.stats["probes"] += 1
             self._ask_from_last("probe")
@@ -307,7 +307,7 @@ class StreamRules:
 
     def on_replay(self, seq, payload):
         """A reply of the replay socket (ignored when none was asked)."""
-        self._out = []
+        self._out: list = []
         a = self.asking
         if a is None:
             return self._done()
@@ -334,14 +334,14 @@ class StreamRules:
 
     def on_replay_end(self):
         """The replay's end marker."""
-        self._out = []
+        self._out: list = []
         if self.asking is not None:
             self._finish(True)
         return self._done()
 
     def on_replay_timeout(self):
         """The replay stayed silent too long: given up (its socket dropped)."""
-        self._out = []
+        self._out: list = []
         if self.asking is not None:
             self.stats["replay_timeouts"] += 1
             self._out.append(Action("drop_replay"))
@@ -350,7 +350,7 @@ class StreamRules:
 
     def on_refused(self, seq, message):
         """The index refused batch ``seq`` (another page size, ...): lost."""
-        self._out = []
+        self._out: list = []
         self._error(seq, message)
         self._degrade(f"{self._where(seq)}: a batch was lost: {message}")
         return self._done()
