@@ -926,3 +926,66 @@ def test_vllms_own_publisher_with_a_gap_replayed(tmp_path):
                 [[pc.match_length(q)] for q in queries]
     finally:
         vpub.shutdown()
+
+
+# ---------------------------------------------------------------- ask, don't wait (issue 35)
+
+def test_a_router_started_while_its_engine_idles_is_exact_without_a_new_batch(ctx):
+    pc, batches, queries = engine_batches(21, n=6)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, context=ctx) as pub:
+        for b in batches:
+            pub.publish(b)                      # before the router: nobody listens
+        with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+            assert ix.status("w") == "syncing" and "replay" in ix.syncing["w"]
+            wait(sub, lambda: ix.status("w") == "exact")   # no batch published since
+            assert ix.blocks_of("w") == reference(batches)
+            assert [ix.overlap(q).tolist() for q in queries] == \
+                [[pc.match_length(q)] for q in queries]
+
+
+def test_an_idle_engine_restart_is_seen_without_a_new_batch(ctx):
+    _, batches, _ = engine_batches(22, n=6)
+    ix = index()
+    pub = WirePublisher(LOCAL, LOCAL, context=ctx)
+    with KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)}, **SLOW) as sub:
+        listening(sub, pub)
+        for b in batches:
+            pub.publish(b)
+        wait(sub, caught_up(sub, "w", pub))
+        assert ix.blocks_of("w") != []
+        pub.close()
+        pub = bind_again(pub.endpoint, pub.replay_endpoint, ctx)   # back, and idle
+        wait(sub, lambda: sub.stats("w")["restarts"] == 1 and ix.status("w") == "exact")
+        assert ix.blocks_of("w") == [] and sub.stats("w")["reconnects"] == 1
+    pub.close()
+
+
+def test_a_dropped_last_batch_is_found_by_a_probe(ctx):
+    pc, batches, queries = engine_batches(23, n=6)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)},
+                              probe_every=0.2, **SLOW) as sub:
+        listening(sub, pub)
+        for i, b in enumerate(batches):
+            pub.publish(b, send=i != len(batches) - 1)   # the last one lost; then idle
+        wait(sub, caught_up(sub, "w", pub))
+        s = sub.stats("w")
+        assert s["probes"] >= 1 and s["gaps"] == 0 and ix.status("w") == "exact"
+        assert ix.blocks_of("w") == reference(batches)
+
+
+def test_without_probes_a_dropped_last_batch_stays_unseen(ctx):
+    # the contrast: what the probe above is for
+    _, batches, _ = engine_batches(23, n=6)
+    ix = index()
+    with WirePublisher(LOCAL, LOCAL, context=ctx) as pub, \
+            KVEventSubscriber(ix, {"w": (pub.endpoint, pub.replay_endpoint)},
+                              probe_every=None, **SLOW) as sub:
+        listening(sub, pub)
+        for i, b in enumerate(batches):
+            pub.publish(b, send=i != len(batches) - 1)
+        wait(sub, lambda: sub.stats("w")["last_seq"] == len(batches) - 2)
+        assert not sub.wait(lambda: sub.stats("w")["last_seq"] == len(batches) - 1, timeout=1)
+        assert sub.stats("w")["probes"] == 0

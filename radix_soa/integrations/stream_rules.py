@@ -16,7 +16,9 @@ judges, for one worker, what each arrival means: it takes
   the network): the stream is checked by a replay from the last batch
   applied, which must repeat it;
 - ``on_quiet()``: no batch for a while: a probe asks the replay from the
-  last batch applied, so a dropped tail or an idle restarted engine shows;
+  last batch applied, so a dropped tail or an idle restarted engine shows
+  (the only replay that leaves an exact worker exact while it runs: a quiet
+  worker is probed every few seconds);
 - ``on_refused(seq, message)``: the index refused a batch applied;
 
 and returns the ``Action`` list the I/O carries out in order: ``apply``
@@ -245,6 +247,7 @@ class StreamRules:
             if self.asking is None:
                 if self.has_replay:
                     self._ask_from_last("repair")
+                    self.syncing = f"seq {seq} could not be read: it is asked again"
                 else:
                     self._drain_below(seq)
                     self._take(*((seq,) + self.pending.pop(seq)))
@@ -273,6 +276,7 @@ class StreamRules:
         self.pending[seq] = (payload, decoded)
         if self.has_replay:
             self._ask_from_last("gap")
+            self.syncing = f"batches from {expected} on are being replayed"
             return self._done()
         self._drain_below(seq + 1)
         self.syncing = None

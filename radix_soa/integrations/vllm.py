@@ -11,44 +11,24 @@ connects a SUB socket (and a DEALER for replays) to each worker's publisher
 and applies every batch to ``index`` as the worker's, in order, from one
 thread polling every socket (or from your own calls to ``poll_once``).
 
-What it does with the sequence numbers (each publisher numbers its batches
-from 0), per worker:
+What it does with the sequence numbers is judged by
+``radix_soa.integrations.stream_rules.StreamRules`` (one per worker; this
+class is its I/O): at the start the worker's pages are cleared and its
+stream asked of the replay socket from 0 at once (the worker is
+``syncing`` until the replay answers: ``RouterIndex.status``); a gap asks
+the replay from the last batch applied, which it must repeat (another
+payload, or nothing from there on: the engine restarted, cleared and asked
+from 0; a batch no replay gives: degraded); a reconnect of the PUB socket
+(a ZMQ monitor sees its handshakes) makes the worker syncing and asks the
+same replay at once; a worker quiet for ``probe_every`` seconds is probed
+the same way (a dropped last batch, an idle restarted engine); a seq going
+down, or the highest again with another payload, is a restart; the same
+payload again, a duplicate. A message that cannot be tied to a seq is
+counted (``junk``) and dropped; a payload that cannot be decoded is asked
+again of the replay socket. Nothing a publisher sends stops the thread.
 
-- the first batch seen starts the worker's stream: its pages in the index
-  are cleared (``apply_snapshot(worker, [])``), and the batches before it,
-  from 0, are asked of the replay socket;
-- a batch past the next one expected is a gap: the missed ones are asked of
-  the replay socket, from the last batch applied on (its payload replayed
-  must be the one applied: another means the engine restarted and its new
-  count passed the old one, handled as a restart below, its new stream
-  asked from 0; a replay no longer holding it marks the worker degraded),
-  the batches arriving meanwhile are held, and all are
-  applied in order once the replay ends (its end marker, or
-  ``replay_timeout`` seconds of silence; a gap left among the held batches
-  is asked for again while replays make progress). A batch the replay
-  cannot give (gone from the publisher's buffer, or no replay socket)
-  leaves the gap to the index,
-  which marks the worker degraded (``RouterIndex.status``) and goes on
-  applying: the worker stays answerable;
-- the first batch after the PUB socket reconnected (a ZMQ monitor sees
-  its handshakes), even the one expected next, is checked the same way: a
-  restarted engine whose new count came up to the old one shows no gap;
-- a batch numbered below the highest seen on the PUB socket, or numbered
-  the highest seen with another payload, is a restart (a
-  new publisher counts from 0 again: the engine restarted and lost its
-  cache): the worker's pages are cleared and its stream starts again as
-  above. A batch numbered as the last one, with its payload, is a
-  duplicate, skipped.
-- a malformed frame, payload or event (or one the index refuses: another
-  page size, bytes hashes in a ``fast64`` index) is counted in the worker's
-  ``errors`` with ``last_error`` naming the worker and seq; the batch is
-  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``;
-  also for a message too malformed to tell its seq).
-  Nothing a publisher sends stops the thread.
-
-Each batch applies with ``strict=False`` and ``seq`` = its number + 1 (0
-is the stream's start). Events of another ``medium`` than ``"GPU"`` (CPU
-offloading tiers) or another KV-cache group than ``group_idx`` 0 (a hybrid
+Each batch applies with ``strict=False`` (the rules judged its order).
+Events of another ``medium`` than ``"GPU"`` (CPU offloading tiers) or another KV-cache group than ``group_idx`` 0 (a hybrid
 model's other groups, which repeat the same block hashes) are skipped and
 counted; ``medium=None`` / ``group_idx=None`` take them all.
 
@@ -59,10 +39,13 @@ counted; ``medium=None`` / ``group_idx=None`` take them all.
 >>> sub = KVEventSubscriber(ix, {"w0": (pub.endpoint, pub.replay_endpoint)})
 >>> pub.wait_subscribers(1)
 True
+>>> sub.wait(lambda: ix.status("w0") == "exact", timeout=10)  # asked at once, from 0
+True
 >>> engine = rs.PrefixCache(page_size=2, events=True, values=False)   # stands in for vLLM's
 >>> _ = engine.insert([1, 2]); _ = pub.publish(engine.take_events(), send=False)  # lost
 >>> _ = engine.insert([1, 2, 3, 4]); _ = pub.publish(engine.take_events())
->>> sub.wait(lambda: sub.stats("w0")["last_seq"] == 1, timeout=10)
+>>> sub.wait(lambda: sub.stats("w0")["last_seq"] == 1 and ix.status("w0") == "exact",
+...          timeout=10)
 True
 >>> ix.overlap([1, 2, 3, 4]).tolist(), ix.status("w0"), sub.stats("w0")["gaps"]
 ([4], 'exact', 1)
