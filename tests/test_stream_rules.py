@@ -249,3 +249,51 @@ def test_a_restart_whose_new_count_passed_the_old_one_is_seen_by_the_payload():
     w.settle()
     r = w.rules
     assert r.stats["restarts"] == 1 and r.status == "exact" and w.applied == w.history[1]
+
+
+def resumed(w, last, epoch=None):
+    """A new ``StreamRules`` for ``w``'s engine, resuming from a checkpoint
+    that applied the stream of ``epoch`` (the running one by default) up to
+    ``last`` (the pages kept)."""
+    stream = w.history[w.epoch if epoch is None else epoch]
+    w.rules = StreamRules("w", decode=decode)
+    w.request, w.replies = None, deque()
+    w.applied = stream[:last + 1]
+    w.run(w.rules.on_start(resume=(last, stream[last])))
+
+
+def test_a_resume_within_the_buffer_is_exact_without_a_replay_from_0():
+    w = World(100)
+    for _ in range(5):
+        w.publish("send")
+    w.settle()
+    resumed(w, 2)                       # a checkpoint at seq 2; the engine went on to 4
+    assert w.rules.status == "syncing" and w.request == 2
+    w.publish("send")
+    w.settle()
+    assert w.rules.status == "exact" and w.applied == w.history[0]
+    assert w.rules.stats["replayed"] == 3 and w.rules.stats["restarts"] == 0  # 3, 4, 5
+
+
+def test_a_resume_past_the_buffer_degrades_saying_so():
+    w = World(3)
+    for _ in range(8):
+        w.publish("send")
+    w.settle()
+    resumed(w, 2)                       # the buffer holds 5..7 now
+    w.settle()
+    assert w.rules.status == "degraded" and "no longer holds seq 2" in w.rules.degraded
+
+
+def test_a_resume_after_the_engine_restarted_clears_it():
+    w = World(100)
+    for _ in range(5):
+        w.publish("send")
+    w.settle()
+    w.restart()
+    w.pub.clear()
+    w.publish("send")
+    resumed(w, 4, epoch=0)              # the checkpoint is of the old engine
+    w.settle()
+    assert w.rules.status == "exact" and w.applied == w.history[1]
+    assert w.rules.stats["restarts"] == 1

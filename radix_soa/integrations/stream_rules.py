@@ -75,13 +75,14 @@ class Action(NamedTuple):
 
 class _Ask:
     """A replay request under way."""
-    __slots__ = ("start", "verify", "purpose", "reached", "unverified", "applied")
+    __slots__ = ("start", "verify", "purpose", "reached", "unverified", "applied", "retry")
 
     def __init__(self, start, verify, purpose):
         self.start, self.verify, self.purpose = start, verify, purpose
         self.reached = False     # a reply at or past ``verify`` arrived
         self.unverified = False  # the first such reply was past it
         self.applied = False     # a batch was applied while it ran
+        self.retry = None        # the hole it asks again for (once: no loop)
 
 
 class _Unreadable:
@@ -216,13 +217,25 @@ class StreamRules:
         return out
 
     # ------------------------------------------------------------ arrivals
-    def on_start(self):
-        """The subscription begins: a new stream, asked from 0."""
-        self._out: list = []
+    def on_start(self, resume=None):
+        """The subscription begins: a new stream, asked from 0; or, with
+        ``resume`` = ``(last seq applied, its payload)`` (a checkpoint's
+        position, the worker's pages kept), the stream asked from that seq,
+        which the replay must repeat (``"degraded"`` if the publisher's
+        buffer no longer holds it; a restart if it holds another)."""
+        self._out = []
         if self.asking is not None:
             self._out.append(Action("drop_replay"))
             self.asking = None
         self.pending = {}
+        if resume is not None and self.has_replay:
+            self.last, self.last_payload = resume
+            self.high = self.high_payload = None
+            self.need_verify = True
+            self._ask(self.last, self.last, "resume")
+            self.syncing = (f"resuming from seq {self.last}: asked of its replay socket, "
+                            "no answer yet")
+            return self._done()
         self._clear()
         if self.has_replay:
             self._ask(0, None, "start")
@@ -322,6 +335,11 @@ class StreamRules:
                 return self._done()
             if seq > a.verify:
                 a.unverified = True  # judged when the replay ends
+                if a.purpose == "resume":  # said before the gap it leaves
+                    self.last_error = (f"{self._where(a.verify)}: the engine's replay buffer "
+                                       f"no longer holds seq {a.verify}, the last batch the "
+                                       "checkpoint applied")
+                    self._degrade(self.last_error)
         decoded = self._decode(payload)
         held = self.pending.pop(seq, None)
         if isinstance(decoded, _Unreadable):
@@ -373,20 +391,24 @@ class StreamRules:
                 continue
             expected = 0 if self.last is None else self.last + 1
             hole = seq > expected or isinstance(decoded, _Unreadable)
-            if hole and answered and expected > a.start:
-                # the replay moved the stream on: ask again from the hole
+            if hole and answered and (expected > a.start or a.retry != expected):
+                # the replay moved the stream on, or answered before the hole
+                # was published: ask again from the hole, once
                 self.pending = dict(held[i:])
                 self._ask(expected, None, a.purpose)
                 again = self.asking
+                again.retry = expected
                 again.verify, again.reached = a.verify, a.reached
                 again.unverified, again.applied = a.unverified, a.applied
                 return
             self._take(seq, payload, decoded)
             a.applied = True
         if a.verify is not None and (a.unverified or not a.reached and a.applied):
-            self.last_error = (f"{self._where(a.verify)}: the replay did not repeat the last "
-                               "batch applied, so an engine restart cannot be ruled out")
-            self._degrade(self.last_error)
+            if a.purpose != "resume" or not a.unverified:  # (a resume's is said already)
+                self.last_error = (f"{self._where(a.verify)}: the replay did not repeat the "
+                                   "last batch applied, so an engine restart cannot be ruled "
+                                   "out")
+                self._degrade(self.last_error)
         if answered or a.applied:
             self.need_verify = False
             self.syncing = None
