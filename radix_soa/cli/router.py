@@ -3,6 +3,7 @@ the workers named by ``--worker``, subscribed to their vLLM KV-event
 publishers, until SIGINT or SIGTERM."""
 
 import argparse
+import os
 import re
 import sys
 
@@ -124,6 +125,16 @@ def add_parser(sub, bounded, pos_int, size):
                    metavar="SECONDS", help="a subscribed worker quiet this long is probed "
                    "through its replay socket, so a lost last batch or an idle restarted "
                    "engine is seen (default 2; 0: never)")
+    r.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="checkpoint the index and each worker's stream position here and "
+                        "resume from them at start (a damaged or foreign checkpoint is refused "
+                        "and the router starts empty)")
+    r.add_argument("--checkpoint-every", type=seconds_arg("--checkpoint-every", 0), default=5.0,
+                   metavar="SECONDS", help="with --state-dir: seconds between checkpoints "
+                   "(default 5; and one on a clean stop)")
+    r.add_argument("--bootstrap-from", default=None, metavar="URL",
+                   help="start from a peer router's GET /snapshot (a replica), then follow the "
+                        "same publishers")
     r.add_argument("--replay-timeout", type=seconds_arg("--replay-timeout", 0), default=5.0,
                    metavar="SECONDS", help="a replay silent this long is given up (default 5)")
     r.set_defaults(func=router)
@@ -134,8 +145,7 @@ def router(args):
     import importlib.util
     if importlib.util.find_spec("uvicorn") is None:
         raise UsageError("radix-soa router needs uvicorn: pip install 'radix-soa[router]'")
-    from ..router_index import RouterIndex
-    from ..service.app import RouterService
+    from ..service.app import RouterService, restore
     ids = [w for w, _ in args.worker]
     if len(set(ids)) != len(ids):
         dup = next(w for w in ids if ids.count(w) > 1)
@@ -144,9 +154,29 @@ def router(args):
         raise UsageError("--event-hash-seed needs --event-hash sha256_cbor")
     if args.max_bytes is not None and args.max_bytes < 4096:
         raise UsageError(f"--max-bytes must be >= 4096; got {int(args.max_bytes)}")
-    index = RouterIndex(args.page_size, workers=ids, event_hash=args.event_hash,
-                        event_hash_seed=args.event_hash_seed, strict=False,
-                        max_bytes=None if args.max_bytes is None else int(args.max_bytes))
+    source = args.state_dir
+    if args.bootstrap_from is not None:
+        import tempfile
+
+        from ..service.checkpoint import CheckpointError, fetch
+        source = os.path.join(tempfile.mkdtemp(prefix="radix-soa-bootstrap-"), "state")
+        try:
+            fetch(args.bootstrap_from, source)
+        except (CheckpointError, OSError, ValueError) as e:
+            raise UsageError(f"--bootstrap-from {args.bootstrap_from}: {e}") from None
+    if args.state_dir is not None and os.path.exists(args.state_dir) and \
+            not os.path.isdir(args.state_dir):
+        raise UsageError(f"--state-dir {args.state_dir} is not a directory")
+    if args.state_dir is not None and not os.path.isdir(
+            os.path.dirname(os.path.abspath(args.state_dir))):
+        raise UsageError(f"--state-dir {args.state_dir}: its parent directory does not exist")
+    index, positions, load_error = restore(
+        source, ids, page_size=args.page_size, event_hash=args.event_hash,
+        event_hash_seed=args.event_hash_seed,
+        max_bytes=None if args.max_bytes is None else int(args.max_bytes))
+    if load_error is not None:
+        sys.stderr.write(f"radix-soa router: {load_error}; starting empty (its workers "
+                         "syncing until their replays answer)\n")
     endpoints = {w: ep for w, ep in args.worker if ep is not None}
     subscriber = None
     if endpoints:
@@ -156,7 +186,8 @@ def router(args):
             raise UsageError("subscribing to --worker publishers needs pyzmq and msgpack: "
                              "pip install 'radix-soa[vllm]'") from None
         subscriber = KVEventSubscriber(index, endpoints, replay_timeout=args.replay_timeout,
-                                       probe_every=args.probe_every or None)
+                                       probe_every=args.probe_every or None,
+                                       positions=positions)
     svc = RouterService(index, subscriber=subscriber, policy=args.policy,
                         cache_threshold=args.cache_threshold,
                         balance_abs_threshold=args.balance_abs_threshold,
@@ -164,7 +195,9 @@ def router(args):
                         overlap_weight=args.overlap_weight, load=args.load,
                         prefix_pages=args.prefix_pages, vnodes=args.vnodes,
                         allow_new_workers=args.allow_new_workers,
-                        max_workers=args.max_workers, max_body=int(args.max_body))
+                        max_workers=args.max_workers, max_body=int(args.max_body),
+                        state_dir=args.state_dir, checkpoint_every=args.checkpoint_every)
+    svc.load_error = load_error
 
     def announce(port):
         sys.stderr.write(f"radix-soa router: listening on http://{args.host}:{port} "

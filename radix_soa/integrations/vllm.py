@@ -196,17 +196,33 @@ class KVEventSubscriber:
     The module's docstring says what happens on gaps, restarts and
     malformed frames.
 
-    ``replay_timeout``: seconds the replay socket may stay silent (before
-    its first reply, between replies) before the batches held are applied
-    without the rest of it. ``poll_interval``: the thread's longest wait
-    (seconds), which bounds how long ``stop`` and ``add_endpoint`` wait.
-    ``medium`` / ``group_idx``: the events taken (see the module).
-    ``context``: a ``zmq.Context`` to use (by default one of its own, ended
-    by ``close``).
+    Parameters
+    ----------
+    index : RouterIndex
+        The index the batches apply to, each worker's as its own.
+    endpoints : mapping, optional
+        Worker id -> publisher endpoint.
+    replay_timeout : float
+        Seconds the replay socket may stay silent (before its first reply,
+        between replies) before the replay is given up (default 5).
+    poll_interval : float
+        The thread's longest wait (seconds), which bounds how long ``stop``
+        and ``add_endpoint`` wait.
+    medium, group_idx : str or None, int or None
+        The events taken (see the module).
+    context : zmq.Context, optional
+        A context to use (by default one of its own, ended by ``close``).
+    probe_every : float or None
+        Seconds a worker may stay quiet before its replay socket is probed
+        (default 2; None: never).
+    positions : mapping, optional
+        Worker id -> ``(last seq applied, its payload)``, as ``positions()``
+        returns them: the workers' pages in ``index`` are kept and their
+        streams resumed from there (a checkpoint's).
     """
 
     def __init__(self, index, endpoints=None, *, replay_timeout=5.0, poll_interval=0.05,
-                 medium="GPU", group_idx=0, context=None, probe_every=2.0):
+                 medium="GPU", group_idx=0, context=None, probe_every=2.0, positions=None):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         for name, v in (("replay_timeout", replay_timeout), ("poll_interval", poll_interval)):
@@ -231,6 +247,14 @@ class KVEventSubscriber:
                 probe_every, (int, float)) or not 0 < probe_every < 1e6):
             raise ValueError(f"probe_every must be a positive number of seconds or None; got "
                              f"{probe_every!r}")
+        resume = {}
+        for w, pos in (positions or {}).items():
+            if not (isinstance(pos, tuple) and len(pos) == 2 and type(pos[0]) is int
+                    and pos[0] >= 0 and isinstance(pos[1], bytes)):
+                raise ValueError(f"positions[{w!r}] must be (last seq applied, its payload "
+                                 f"bytes); got {type(pos).__name__}")
+            resume[worker_id(w)] = pos
+        self._resume = resume
         self.index = index
         self.probe_every = None if probe_every is None else float(probe_every)
         self.replay_timeout = float(replay_timeout)
@@ -280,7 +304,8 @@ class KVEventSubscriber:
             self._register(feed.replay, feed, _REPLAY)
         if feed.monitor is not None:
             self._register(feed.monitor, feed, _MONITOR)
-        self._do(feed, feed.rules.on_start())  # ask, don't wait
+        # ask, don't wait: from 0, or from the position a checkpoint saved
+        self._do(feed, feed.rules.on_start(resume=self._resume.pop(feed.worker, None)))
 
     def _register(self, sock, feed, kind):
         self._by_socket[sock] = (feed, kind)
@@ -344,6 +369,23 @@ class KVEventSubscriber:
         """Stop subscribing to ``worker`` (``KeyError`` if unknown); with
         ``drop`` (the default) it leaves the index too."""
         self._call(self._remove, worker_id(worker), bool(drop))
+
+    def positions(self, snapshot=None):
+        """Each worker's stream position: ``{worker: (last seq applied, its
+        payload)}`` (what ``positions=`` resumes from); with ``snapshot`` (a
+        callable), ``(snapshot(), positions)`` taken at one instant, no
+        batch applied between (``snapshot`` runs in the polling thread).
+
+        >>> import radix_soa as rs
+        >>> KVEventSubscriber(rs.RouterIndex(page_size=2)).positions()
+        {}
+        """
+        def grab():
+            pos = {w: (f.rules.last, bytes(f.rules.last_payload))
+                   for w, f in self._feeds.items()
+                   if f.rules.last is not None and f.rules.last_payload is not None}
+            return pos if snapshot is None else (snapshot(), pos)
+        return self._call(grab)
 
     @property
     def workers(self):

@@ -56,7 +56,11 @@ the load test run it on a free port from a thread in a few lines.
 
 import asyncio
 import gc
+import io
 import json
+import os
+import tarfile
+import tempfile
 import socket
 import threading
 import time
@@ -68,22 +72,57 @@ from .metrics import Histogram, family, label
 from .schema import (LOAD_FIELDS, BadRequest, check_keys, cut, loads_of, namespace_of,
                      parse_body, read_tokens, shown)
 
-__all__ = ["RouterService", "POLICIES"]
+__all__ = ["RouterService", "POLICIES", "restore"]
 
 POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
 ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/readyz",
-             "/metrics")
+             "/snapshot", "/metrics")
 ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
 MAX_BODY = 64 << 20
 MAX_WORKER_ID = 256   # characters of a worker id posted to /events
 OFF_LOOP = 1 << 20    # a body larger than this is parsed and applied off the event loop
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
+_TAR = b"application/x-tar"
 
 
 def _dumps(obj):
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def restore(state_dir, workers, *, page_size=16, event_hash="fast64", event_hash_seed=None,
+            max_bytes=None):
+    """``(index, positions, error)`` for a router over ``workers``: the
+    checkpoint in ``state_dir`` when it loads and fits (its page size and
+    event hash; its workers made ``workers``), else a fresh index, no
+    positions and ``error`` saying why (None when there was none to load)."""
+    from .checkpoint import CheckpointError, load
+
+    def fresh():
+        return RouterIndex(page_size, workers=workers, event_hash=event_hash,
+                           event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
+    if state_dir is None:
+        return fresh(), {}, None
+    try:
+        ix, positions, _ = load(state_dir)
+    except FileNotFoundError:
+        return fresh(), {}, None
+    except (CheckpointError, OSError) as exc:
+        return fresh(), {}, f"the checkpoint was not loaded: {exc}"
+    want = fresh()
+    if (ix.page_size, ix.event_hash, ix._max_bytes) != (want.page_size, want.event_hash,
+                                                          want._max_bytes) or \
+            getattr(ix, "_seed_none", None) != getattr(want, "_seed_none", None):
+        return want, {}, (f"the checkpoint in {state_dir} is of another index (page size "
+                          f"{ix.page_size}, event hash {ix.event_hash}): not loaded")
+    for w in ix.workers:
+        if w not in workers:
+            ix.remove_worker(w)
+    for w in workers:
+        if w not in ix:
+            ix.add_worker(w)
+    return ix, {w: p for w, p in positions.items() if w in workers}, None
 
 
 class _View:
@@ -108,7 +147,12 @@ class RouterService:
     ``policy``: the default of ``/route``. The policy options are those of
     ``radix_soa.replay_cluster`` (SGLang's and Dynamo's defaults).
     ``POST /events`` for a worker the index does not hold is a 400 unless
-    ``allow_new_workers=True`` (then the post registers it).
+    ``allow_new_workers=True`` (then the post registers it, up to
+    ``max_workers`` workers in all). ``max_body``: bytes a request body may
+    have (a larger one is refused before it is read). ``state_dir``: where
+    the index and the subscriber's stream positions are checkpointed every
+    ``checkpoint_every`` seconds and on a clean stop (``from_endpoints``
+    loads them); ``GET /snapshot`` serves that checkpoint.
 
     >>> import http.client, json
     >>> import radix_soa as rs
@@ -128,7 +172,7 @@ class RouterService:
     def __init__(self, index, *, subscriber=None, policy="cache_aware", cache_threshold=0.5,
                  balance_abs_threshold=32, balance_rel_threshold=1.1, overlap_weight=1.0,
                  load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False,
-                 max_workers=1024, max_body=MAX_BODY):
+                 max_workers=1024, max_body=MAX_BODY, state_dir=None, checkpoint_every=5.0):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         if policy not in POLICIES:
@@ -138,7 +182,8 @@ class RouterService:
         for name, v, lo in (("cache_threshold", cache_threshold, 0),
                             ("balance_abs_threshold", balance_abs_threshold, 0),
                             ("balance_rel_threshold", balance_rel_threshold, 0),
-                            ("overlap_weight", overlap_weight, 0)):
+                            ("overlap_weight", overlap_weight, 0),
+                            ("checkpoint_every", checkpoint_every, 1e-3)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < 1e18:
                 raise ValueError(f"{name} must be a number >= {lo}; got {v!r}")
         for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes),
@@ -166,6 +211,14 @@ class RouterService:
         self._readers = None   # threads for reads while a large write runs
         self._heavy = 0        # large writes running in ``_executor``
         self._health = (len(index.workers), len(index.degraded))
+        self.state_dir = None if state_dir is None else os.path.abspath(os.fspath(state_dir))
+        self.checkpoint_every = float(checkpoint_every)
+        self.checkpoint_info = {"count": 0, "bytes": None, "write_seconds": None,
+                                "copy_seconds": None, "at": None, "error": None}
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_stop = threading.Event()
+        self._ckpt_thread = None
+        self.load_error = None  # why a checkpoint was not loaded (from_endpoints)
         self._kv_turn = 0     # kv_overlap's tie-break start
         self._view = _View([])
         self._hist = {e: Histogram() for e in ENDPOINTS}
@@ -179,15 +232,24 @@ class RouterService:
 
     @classmethod
     def from_endpoints(cls, endpoints, *, page_size=16, event_hash="fast64",
-                       event_hash_seed=None, max_bytes=None, **options):
-        """A service over a fresh ``RouterIndex`` fed by a
-        ``KVEventSubscriber`` of ``endpoints`` (worker id -> vLLM publisher
-        endpoint, as the subscriber takes them); needs the ``vllm`` extra."""
+                       event_hash_seed=None, max_bytes=None, probe_every=2.0,
+                       replay_timeout=5.0, **options):
+        """A service over a ``RouterIndex`` fed by a ``KVEventSubscriber``
+        of ``endpoints`` (worker id -> vLLM publisher endpoint, as the
+        subscriber takes them); needs the ``vllm`` extra. With
+        ``state_dir=`` among the options, the index and the stream
+        positions come from the checkpoint there when one loads (else it
+        starts empty, ``load_error`` saying why), and the workers resume
+        from their positions."""
         from ..integrations.vllm import KVEventSubscriber
-        ix = RouterIndex(page_size, workers=list(endpoints), event_hash=event_hash,
-                         event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
-        svc = cls(ix, subscriber=KVEventSubscriber(ix, endpoints), **options)
+        ix, positions, error = restore(options.get("state_dir"), list(endpoints),
+                                       page_size=page_size, event_hash=event_hash,
+                                       event_hash_seed=event_hash_seed, max_bytes=max_bytes)
+        svc = cls(ix, subscriber=KVEventSubscriber(ix, endpoints, positions=positions,
+                                                   probe_every=probe_every,
+                                                   replay_timeout=replay_timeout), **options)
         svc._owns_subscriber = True  # made here: closed by stop()
+        svc.load_error = error
         return svc
 
     # ------------------------------------------------------------ state
@@ -368,7 +430,9 @@ class RouterService:
                         "events": {k: x for k, x in stats.items()
                                    if isinstance(x, (int, float, str, type(None)))}})
         return 200, {"workers": out, "page_size": ix.page_size, "event_hash": ix.event_hash,
-                     "policy": self.policy, "pages": len(ix)}
+                     "policy": self.policy, "pages": len(ix),
+                     "checkpoint": dict(self.checkpoint_info, state_dir=self.state_dir,
+                                        load_error=self.load_error)}
 
     def _healthz(self, raw):
         ix = self.index
@@ -385,6 +449,64 @@ class RouterService:
         # a stopped feed means a stale index: 503, so a probe reading only the status sees it
         return 200 if events_ok else 503, {"status": "ok" if events_ok else "events stopped", "workers": n,
                      "degraded": bad, "uptime_seconds": round(time.time() - self.started, 3)}
+
+    def _snapshot(self, raw):
+        """The current checkpoint as a tar of its directory (a fresh one
+        when the service keeps no state directory)."""
+        from .checkpoint import save, snapshot
+        buf = io.BytesIO()
+        with self._ckpt_lock:
+            if self.state_dir is not None and os.path.isdir(self.state_dir):
+                src, tmp = self.state_dir, None
+            else:
+                tmp = tempfile.mkdtemp(prefix="radix-soa-snapshot-")
+                src = os.path.join(tmp, "state")
+                save(src, *self._consistent_copy()[:2])
+            try:
+                with tarfile.open(fileobj=buf, mode="w") as tar:
+                    for name in sorted(os.listdir(src)):
+                        tar.add(os.path.join(src, name), arcname=name, recursive=False)
+            finally:
+                if tmp is not None:
+                    import shutil
+                    shutil.rmtree(tmp, ignore_errors=True)
+        return 200, buf.getvalue()
+
+    def _consistent_copy(self):
+        """``(state, positions, copy seconds)``: the index copied with the
+        stream positions of the same instant."""
+        from .checkpoint import snapshot
+        t0 = time.perf_counter()
+        sub = self.subscriber
+        if sub is not None and hasattr(sub, "positions") and not getattr(sub, "_closed", False):
+            state, positions = sub.positions(lambda: snapshot(self.index))
+        else:
+            state, positions = snapshot(self.index), {}
+        return state, positions, time.perf_counter() - t0
+
+    def checkpoint(self):
+        """Write a checkpoint to ``state_dir`` now (``ValueError`` without
+        one): the index copied at one instant with the stream positions,
+        then written aside and renamed into place. Returns
+        ``checkpoint_info``."""
+        from .checkpoint import save
+        if self.state_dir is None:
+            raise ValueError("the service has no state_dir to checkpoint to")
+        with self._ckpt_lock:
+            state, positions, copy_s = self._consistent_copy()
+            out = save(self.state_dir, state, positions)
+            info = self.checkpoint_info
+            info.update(count=info["count"] + 1, bytes=out["bytes"],
+                        write_seconds=round(out["seconds"], 6), copy_seconds=round(copy_s, 6),
+                        at=time.time(), error=None)
+            return dict(info)
+
+    def _checkpoints(self):
+        while not self._ckpt_stop.wait(self.checkpoint_every):
+            try:
+                self.checkpoint()
+            except Exception as exc:  # a full disk must not stop the service
+                self.checkpoint_info["error"] = f"{type(exc).__name__}: {exc}"
 
     def _readyz(self, raw):
         """200 when every worker is exact (and the feed runs), else 503 with
@@ -461,7 +583,7 @@ class RouterService:
         return {"/overlap": ("POST", self._overlap), "/route": ("POST", self._route),
                 "/load": ("POST", self._load), "/events": ("POST", self._events),
                 "/workers": ("GET", self._workers), "/healthz": ("GET", self._healthz),
-                "/readyz": ("GET", self._readyz),
+                "/readyz": ("GET", self._readyz), "/snapshot": ("GET", self._snapshot),
                 "/metrics": ("GET", self._metrics)}
 
     async def __call__(self, scope, receive, send):
@@ -507,7 +629,7 @@ class RouterService:
             extra = [(b"connection", b"close")]
         else:
             body = chunks[0] if len(chunks) == 1 else chunks  # joined where it is handled
-            if path == "/events" or size > OFF_LOOP:
+            if path in ("/events", "/snapshot") or size > OFF_LOOP:
                 # parsed and applied in one thread beside the loop: others are answered
                 heavy = size > OFF_LOOP
                 self._heavy += heavy
@@ -524,6 +646,8 @@ class RouterService:
                 status, out = self._handle(entry[1], body)
         if isinstance(out, str):
             payload, ctype = out.encode(), _TEXT
+        elif isinstance(out, bytes):
+            payload, ctype = out, _TAR
         else:
             payload, ctype = _dumps(out), _JSON
         await send({"type": "http.response.start", "status": status,
@@ -631,14 +755,29 @@ class RouterService:
             except BaseException:
                 self.stop()  # no server left answering from an index nothing feeds
                 raise
+        if self.state_dir is not None:
+            self._ckpt_stop.clear()
+            self._ckpt_thread = threading.Thread(target=self._checkpoints, daemon=True,
+                                                 name="radix-soa-router-checkpoint")
+            self._ckpt_thread.start()
         return self
 
     def stop(self):
-        """Stop serving and the subscriber; waits for the thread."""
+        """Stop serving and the subscriber (a last checkpoint written, with
+        ``state_dir``); waits for the threads."""
+        if self._ckpt_thread is not None:
+            self._ckpt_stop.set()
+            self._ckpt_thread.join(60)
+            self._ckpt_thread = None
         if self.subscriber is not None:
             self.subscriber.stop()
-            if self._owns_subscriber:
-                self.subscriber.close()
+        if self.state_dir is not None and self._thread is not None:
+            try:
+                self.checkpoint()  # a clean stop: the state as it ends
+            except Exception as exc:
+                self.checkpoint_info["error"] = f"{type(exc).__name__}: {exc}"
+        if self.subscriber is not None and self._owns_subscriber:
+            self.subscriber.close()
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(30)

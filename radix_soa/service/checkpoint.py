@@ -39,7 +39,7 @@ import numpy as np
 from .._tree.persist import FORMAT, HEADER, header_crc, write_atomically, write_header
 from ..router_index import RouterIndex, worker_id
 
-__all__ = ["CheckpointError", "snapshot", "save", "load"]
+__all__ = ["CheckpointError", "snapshot", "save", "load", "fetch"]
 
 CLASS = "RouterCheckpoint"
 VERSION = 1
@@ -261,3 +261,38 @@ def _index_of(path, state):
     index = RouterIndex.__new__(RouterIndex)
     index.__setstate__(state)
     return index
+
+
+def fetch(url, path, *, timeout=60.0, max_bytes=8 << 30):
+    """Download a peer router's ``GET /snapshot`` (``url`` is its base
+    address, or the snapshot's) into the new directory ``path`` and check
+    it loads; ``CheckpointError`` (or ``OSError`` for the network) says what
+    went wrong. Only plain files with plain names are taken from the tar."""
+    import tarfile
+    import urllib.request
+    if not url.rstrip("/").endswith("/snapshot"):
+        url = url.rstrip("/") + "/snapshot"
+    if not url.startswith(("http://", "https://")):
+        raise CheckpointError(f"{url}: not an http(s) address")
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        if r.status != 200:
+            raise CheckpointError(f"{url} answered {r.status}")
+        body = r.read(max_bytes + 1)
+    if len(body) > max_bytes:
+        raise CheckpointError(f"{url}: the snapshot is larger than {max_bytes} bytes")
+    os.makedirs(path)
+    import io
+    try:
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:") as tar:
+            for m in tar.getmembers():
+                if not m.isfile() or os.path.basename(m.name) != m.name or m.name in ("", ".",
+                                                                                    ".."):
+                    raise CheckpointError(f"{url}: the snapshot holds {m.name!r}, not a plain "
+                                          "file")
+                src = tar.extractfile(m)
+                with open(os.path.join(path, m.name), "wb") as f:
+                    f.write(src.read())
+    except tarfile.TarError as exc:
+        raise CheckpointError(f"{url}: the snapshot is not a tar ({exc})") from None
+    load(path)  # checked whole before anyone uses it
+    return path
