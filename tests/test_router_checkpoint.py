@@ -247,3 +247,106 @@ def test_a_replica_from_a_peers_snapshot_answers_alike(tmp_path):
             b.stop()
         for p in pubs.values():
             p.close()
+
+
+# ---------------------------------------------------------------- the command, killed
+
+def start_router(args):
+    import re
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "radix_soa", "router", "--port", "0",
+                             "--page-size", str(PAGE)] + args,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    for _ in range(5):
+        line = proc.stderr.readline()
+        lines.append(line)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return proc, int(m.group(1)), lines
+    proc.kill()
+    proc.wait()
+    raise AssertionError(lines)
+
+
+def get(port, path, body=None):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        c.request("POST" if body is not None else "GET", path,
+                  None if body is None else json.dumps(body))
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    proc.stderr.close()
+
+
+def test_the_router_killed_mid_stream_is_exact_again_from_its_state_dir(tmp_path):
+    import signal
+    import time
+    engines, pubs = {}, {}
+    for i in range(2):
+        engines[f"w{i}"], _ = engine_steps(30 + i, 0)
+        pubs[f"w{i}"] = WirePublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    runs = {w: engine_steps(30 + i, 80)[1] for i, w in enumerate(pubs)}
+    final = {w: engine_steps(30 + i, 80)[0] for i, w in enumerate(pubs)}
+    args = sum((["--worker", f"{w}={p.endpoint},replay={p.replay_endpoint}"]
+                for w, p in pubs.items()), []) + [
+        "--state-dir", str(tmp_path / "state"), "--checkpoint-every", "0.2"]
+    qs = [[a, b, c] * 4 for a in range(4) for b in range(4) for c in range(4)]
+    proc, port, _ = start_router(args)
+    try:
+        until(lambda: get(port, "/readyz")[0] == 200)
+        for i in range(50):
+            for w, p in pubs.items():
+                p.publish(runs[w][i])
+        until(lambda: all(x["events"]["last_seq"] == 49
+                          for x in get(port, "/workers")[1]["workers"]))
+        until(lambda: get(port, "/workers")[1]["checkpoint"]["count"] >= 2)
+        proc.send_signal(signal.SIGKILL)               # no clean stop
+        proc.wait(30)
+    finally:
+        stop(proc)
+    for i in range(50, 80):
+        for w, p in pubs.items():
+            p.publish(runs[w][i])                      # the engines go on meanwhile
+    proc, port, lines = start_router(args)
+    try:
+        t0 = time.monotonic()
+        until(lambda: get(port, "/readyz")[0] == 200, timeout=30)
+        assert time.monotonic() - t0 < 30
+        ws = {x["id"]: x for x in get(port, "/workers")[1]["workers"]}
+        for w in pubs:
+            assert ws[w]["status"] == "exact" and ws[w]["events"]["last_seq"] == 79
+            assert ws[w]["events"]["replayed"] < 80 and ws[w]["events"]["restarts"] == 0
+        for q in qs:
+            out = get(port, "/overlap", {"tokens": q})[1]
+            assert out["overlap"] == {w: final[w].match_length(q) for w in pubs}
+    finally:
+        stop(proc)
+        for p in pubs.values():
+            p.close()
+
+
+def test_the_router_refuses_a_damaged_state_dir_and_starts_syncing(tmp_path):
+    ck.save(tmp_path / "state", ck.snapshot(rs.RouterIndex(page_size=PAGE, workers=["w"])))
+    damage_array(tmp_path / "state")
+    pub = WirePublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    proc, port, lines = start_router(["--worker", f"w={pub.endpoint},replay={pub.replay_endpoint}",
+                                      "--state-dir", str(tmp_path / "state")])
+    try:
+        assert any("checksum mismatch" in x and "starting empty" in x for x in lines), lines
+        until(lambda: get(port, "/readyz")[0] == 200)  # its replay answered: exact, empty
+        assert "checksum mismatch" in get(port, "/workers")[1]["checkpoint"]["load_error"]
+    finally:
+        stop(proc)
+        pub.close()
