@@ -28,7 +28,8 @@ counted (``junk``) and dropped; a payload that cannot be decoded is asked
 again of the replay socket. Nothing a publisher sends stops the thread.
 
 Each batch applies with ``strict=False`` (the rules judged its order).
-Events of another ``medium`` than ``"GPU"`` (CPU offloading tiers) or another KV-cache group than ``group_idx`` 0 (a hybrid
+Events of another ``medium`` than ``"GPU"`` (CPU offloading tiers) or
+another KV-cache group than ``group_idx`` 0 (a hybrid
 model's other groups, which repeat the same block hashes) are skipped and
 counted; ``medium=None`` / ``group_idx=None`` take them all.
 

@@ -313,7 +313,7 @@ class RouterService:
         ns = namespace_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
-            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {shown(policy)}")
         rep = self.index.overlap_report(tokens, ns)
         v = self._current(list(rep.scores))
         if not v.ids:
@@ -353,7 +353,7 @@ class RouterService:
             for k, x in adds.get(name, {}).items():
                 i = LOAD_FIELDS.index(k)
                 if row[i] + x < 0:
-                    raise BadRequest(f"add[{name!r}][{k!r}]: {row[i]} + {x} would be below 0")
+                    raise BadRequest(f"add[{shown(name)}][{k!r}]: {row[i]} + {x} would be below 0")
                 row[i] += x
             new[name] = row
         for name, row in new.items():

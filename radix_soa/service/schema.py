@@ -17,7 +17,8 @@ import numpy as np
 
 from .._kernels import text as text_kernels
 
-__all__ = ["cut", "shown", "BadRequest", "parse_body", "read_tokens", "tokens_of", "namespace_of", "loads_of", "LOAD_FIELDS"]
+__all__ = ["cut", "shown", "BadRequest", "parse_body", "read_tokens", "tokens_of",
+           "namespace_of", "loads_of", "LOAD_FIELDS"]
 
 # what a worker's load holds (all counts >= 0): outstanding requests and
 # their tokens (least_loaded, cache_aware's balance), KV blocks held by
@@ -216,8 +217,8 @@ def loads_of(value, names, field="loads", delta=False):
         one = {}
         for k, v in load.items():
             if k not in LOAD_FIELDS:
-                raise BadRequest(f"{field}[{shown(name)}]: unknown field {shown(k)}; the fields are "
-                                 f"{', '.join(LOAD_FIELDS)}")
+                raise BadRequest(f"{field}[{shown(name)}]: unknown field {shown(k)}; the fields "
+                                 f"are {', '.join(LOAD_FIELDS)}")
             lo = -MAX_LOAD if delta else 0
             if type(v) is not int or not lo <= v <= MAX_LOAD:
                 raise BadRequest(f"{field}[{shown(name)}][{shown(k)}] must be an integer in "
