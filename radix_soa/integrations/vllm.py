@@ -410,20 +410,18 @@ class KVEventSubscriber:
         applied, ``replaying`` (a replay under way), ``status`` and
         ``reason`` (the index's); without ``worker``, a dict of every
         worker's."""
+        statuses = self.index.statuses()  # once: O(workers)
         if worker is None:
-            return {w: self._stats_of(f) for w, f in list(self._feeds.items())}
-        return self._stats_of(self._feeds[worker_id(worker)])
+            return {w: self._stats_of(f, statuses) for w, f in list(self._feeds.items())}
+        return self._stats_of(self._feeds[worker_id(worker)], statuses)
 
-    def _stats_of(self, feed):
+    @staticmethod
+    def _stats_of(feed, statuses):
         rules = feed.rules
         out = dict(rules.stats, **feed.stats)
         out["errors"] = feed.stats["errors"] + feed.rules_errors
         out.update(last_seq=rules.last, replaying=rules.replaying)
-        try:
-            out["status"], out["reason"] = self.index.statuses().get(feed.worker,
-                                                                     ("unknown", None))
-        except KeyError:  # pragma: no cover - removed meanwhile
-            out["status"], out["reason"] = "unknown", None
+        out["status"], out["reason"] = statuses.get(feed.worker, ("unknown", None))
         return out
 
     # ------------------------------------------------------------ running

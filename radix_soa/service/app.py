@@ -401,26 +401,33 @@ class RouterService:
         p[1] += len(events)
         return 200, {"worker": name, "applied": len(events)}
 
-    def _event_stats(self, w):
+    def _event_stats(self):
+        """Every worker's event counts (the subscriber's, asked once, and
+        what was posted)."""
         out = {}
         sub = self.subscriber
         if sub is not None:
             try:
-                out = dict(sub.stats(w))
-            except KeyError:
-                out = {}
-        p = self._posted.get(w)
-        if p is not None:
-            out["posted_batches"], out["posted_events"] = p
+                out = {w: dict(x) for w, x in sub.stats().items()}
+            except TypeError:  # a feed with stats(worker) only
+                for w in self.index.workers:
+                    try:
+                        out[w] = dict(sub.stats(w))
+                    except KeyError:
+                        pass
+        for w, p in self._posted.items():
+            one = out.setdefault(w, {})
+            one["posted_batches"], one["posted_events"] = p
         return out
 
     def _workers(self, raw):
         ix = self.index
         v = self._current(ix.workers)
         statuses = ix.statuses()
+        every = self._event_stats()
         out = []
         for n, w in zip(v.names, v.ids):
-            stats = self._event_stats(w)
+            stats = every.get(w, {})
             status, reason = statuses.get(w, ("exact", None))
             out.append({"id": n, "status": status, "reason": reason,
                         "problem": reason if status == "degraded" else None,
@@ -541,7 +548,8 @@ class RouterService:
         wl = [(n, w, f'worker="{label(n)}"') for n, w in zip(v.names, v.ids)]
         out += family(p + "routed_total", "counter", "Requests routed to each worker",
                       [(lab, self._routed.get(w, 0)) for n, w, lab in wl])
-        stats = {w: self._event_stats(w) for _, w, _ in wl}
+        every = self._event_stats()
+        stats = {w: every.get(w, {}) for _, w, _ in wl}
         for name, key, what in (("events_applied_total", "events", "KV events applied"),
                                 ("event_batches_total", "batches", "event batches applied"),
                                 ("event_gaps_total", "gaps", "gaps in the batch numbers seen"),
