@@ -385,7 +385,8 @@ class RouterService:
             raise BadRequest(f"worker: {shown(name)} would be worker {len(v.ids) + 1}, past "
                              f"max_workers={self.max_workers}")
         w = v.ids[v.pos[name]] if name in v.pos else name
-        last = self._posted_seq.get(w)
+        # the index's own record (kept across a checkpoint) when this service posted none
+        last = self._posted_seq.get(w, getattr(self.index, "_seq", {}).get(w))
         if seq is not None and last is not None and seq <= last:
             return 200, {"worker": name, "applied": 0, "duplicate": True}
         try:
