@@ -59,6 +59,7 @@ import gc
 import io
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import socket
@@ -461,7 +462,7 @@ class RouterService:
     def _snapshot(self, raw):
         """The current checkpoint as a tar of its directory (a fresh one
         when the service keeps no state directory)."""
-        from .checkpoint import save, snapshot
+        from .checkpoint import save
         buf = io.BytesIO()
         with self._ckpt_lock:
             if self.state_dir is not None and os.path.isdir(self.state_dir):
@@ -476,7 +477,6 @@ class RouterService:
                         tar.add(os.path.join(src, name), arcname=name, recursive=False)
             finally:
                 if tmp is not None:
-                    import shutil
                     shutil.rmtree(tmp, ignore_errors=True)
         return 200, buf.getvalue()
 
