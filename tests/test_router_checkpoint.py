@@ -350,3 +350,16 @@ def test_the_router_refuses_a_damaged_state_dir_and_starts_syncing(tmp_path):
     finally:
         stop(proc)
         pub.close()
+
+
+def test_snapshot_without_a_state_dir_is_a_fresh_checkpoint(tmp_path):
+    ix = filled()
+    svc = RouterService(ix).start()
+    try:
+        path = ck.fetch(f"http://127.0.0.1:{svc.port}/snapshot", str(tmp_path / "s"))
+    finally:
+        svc.stop()
+    back = ck.load(path)[0]
+    assert [back.overlap_scores(q) for q in QUERIES] == [ix.overlap_scores(q) for q in QUERIES]
+    with pytest.raises(ck.CheckpointError, match="not an http"):
+        ck.fetch("ftp://x/snapshot", str(tmp_path / "t"))
