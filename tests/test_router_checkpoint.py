@@ -363,3 +363,21 @@ def test_snapshot_without_a_state_dir_is_a_fresh_checkpoint(tmp_path):
     assert [back.overlap_scores(q) for q in QUERIES] == [ix.overlap_scores(q) for q in QUERIES]
     with pytest.raises(ck.CheckpointError, match="not an http"):
         ck.fetch("ftp://x/snapshot", str(tmp_path / "t"))
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--checkpoint-every", "0"], "--checkpoint-every must be a number of seconds > 0"),
+    (["--probe-every", "-1"], "--probe-every must be a number of seconds"),
+    (["--replay-timeout", "x"], "--replay-timeout must be a number of seconds > 0"),
+    (["--max-workers", "0"], "must be >= 1"),
+    (["--state-dir", "/nonexistent-parent/state"], "its parent directory does not exist"),
+    (["--bootstrap-from", "http://127.0.0.1:9"], "--bootstrap-from http://127.0.0.1:9"),
+    (["--bootstrap-from", "ftp://h/x"], "not an http(s) address"),
+])
+def test_router_cli_refuses_bad_deployment_flags(capsys, argv, expect):
+    from radix_soa.cli import main
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(["router", "--worker", "a", "--port", "0"] + argv))
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and expect in lines[0], err
