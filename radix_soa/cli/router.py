@@ -45,6 +45,20 @@ def worker_spec(text):
     return wid, ep
 
 
+def seconds_arg(flag, low=None):
+    """A number of seconds > ``low`` (>= 0 when ``low`` is None)."""
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        if not (v >= 0 if low is None else v > low) or v >= 1e6:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds"
+                                             f"{' > 0' if low is not None else ''}; got {text!r}")
+        return v
+    return parse
+
+
 def port_arg(text):
     return int_arg(text, 0, 65535)
 
@@ -103,6 +117,27 @@ def add_parser(sub, bounded, pos_int, size):
                    help="prefix_hash: ring points per worker (default 64)")
     r.add_argument("--allow-new-workers", action="store_true",
                    help="let POST /events add a worker not given by --worker (default: a 400)")
+    r.add_argument("--max-workers", type=bounded(1 << 16), default=1024,
+                   help="POST /events adds no worker past this many (default 1024)")
+    r.add_argument("--max-body", type=lambda t: size(t, "--max-body"), default=64 << 20,
+                   help="a request body larger than this is refused (413) before it is read "
+                        "(default 64M)")
+    r.add_argument("--probe-every", type=seconds_arg("--probe-every"), default=2.0,
+                   metavar="SECONDS", help="a subscribed worker quiet this long is probed "
+                   "through its replay socket, so a lost last batch or an idle restarted "
+                   "engine is seen (default 2; 0: never)")
+    r.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="checkpoint the index and each worker's stream position here and "
+                        "resume from them at start (a damaged or foreign checkpoint is refused "
+                        "and the router starts empty)")
+    r.add_argument("--checkpoint-every", type=seconds_arg("--checkpoint-every", 0), default=5.0,
+                   metavar="SECONDS", help="with --state-dir: seconds between checkpoints "
+                   "(default 5; and one on a clean stop)")
+    r.add_argument("--bootstrap-from", default=None, metavar="URL",
+                   help="start from a peer router's GET /snapshot (a replica), then follow the "
+                        "same publishers")
+    r.add_argument("--replay-timeout", type=seconds_arg("--replay-timeout", 0), default=5.0,
+                   metavar="SECONDS", help="a replay silent this long is given up (default 5)")
     r.set_defaults(func=router)
     return r
 
@@ -111,8 +146,7 @@ def router(args):
     import importlib.util
     if importlib.util.find_spec("uvicorn") is None:
         raise UsageError("radix-soa router needs uvicorn: pip install 'radix-soa[router]'")
-    from ..router_index import RouterIndex
-    from ..service.app import RouterService
+    from ..service.app import RouterService, restore
     ids = [w for w, _ in args.worker]
     if len(set(ids)) != len(ids):
         dup = next(w for w in ids if ids.count(w) > 1)
@@ -124,9 +158,31 @@ def router(args):
         raise UsageError("--event-hash sha256_cbor needs --event-hash-seed S (the engines' "
                          "PYTHONHASHSEED) or PYTHONHASHSEED set: vLLM's NONE_HASH is random "
                          "without it")
-    index = RouterIndex(args.page_size, workers=ids, event_hash=args.event_hash,
-                        event_hash_seed=args.event_hash_seed, strict=False,
-                        max_bytes=None if args.max_bytes is None else int(args.max_bytes))
+    if args.max_bytes is not None and args.max_bytes < 4096:
+        raise UsageError(f"--max-bytes must be >= 4096; got {int(args.max_bytes)}")
+    source = args.state_dir
+    if args.bootstrap_from is not None:
+        import tempfile
+
+        from ..service.checkpoint import CheckpointError, fetch
+        source = os.path.join(tempfile.mkdtemp(prefix="radix-soa-bootstrap-"), "state")
+        try:
+            fetch(args.bootstrap_from, source)
+        except (CheckpointError, OSError, ValueError) as e:
+            raise UsageError(f"--bootstrap-from {args.bootstrap_from}: {e}") from None
+    if args.state_dir is not None and os.path.exists(args.state_dir) and \
+            not os.path.isdir(args.state_dir):
+        raise UsageError(f"--state-dir {args.state_dir} is not a directory")
+    if args.state_dir is not None and not os.path.isdir(
+            os.path.dirname(os.path.abspath(args.state_dir))):
+        raise UsageError(f"--state-dir {args.state_dir}: its parent directory does not exist")
+    index, positions, load_error = restore(
+        source, ids, page_size=args.page_size, event_hash=args.event_hash,
+        event_hash_seed=args.event_hash_seed,
+        max_bytes=None if args.max_bytes is None else int(args.max_bytes))
+    if load_error is not None:
+        sys.stderr.write(f"radix-soa router: {load_error}; starting empty (its workers "
+                         "syncing until their replays answer)\n")
     endpoints = {w: ep for w, ep in args.worker if ep is not None}
     subscriber = None
     if endpoints:
@@ -135,14 +191,19 @@ def router(args):
         except ImportError:
             raise UsageError("subscribing to --worker publishers needs pyzmq and msgpack: "
                              "pip install 'radix-soa[vllm]'") from None
-        subscriber = KVEventSubscriber(index, endpoints)
+        subscriber = KVEventSubscriber(index, endpoints, replay_timeout=args.replay_timeout,
+                                       probe_every=args.probe_every or None,
+                                       positions=positions)
     svc = RouterService(index, subscriber=subscriber, policy=args.policy,
                         cache_threshold=args.cache_threshold,
                         balance_abs_threshold=args.balance_abs_threshold,
                         balance_rel_threshold=args.balance_rel_threshold,
                         overlap_weight=args.overlap_weight, load=args.load,
                         prefix_pages=args.prefix_pages, vnodes=args.vnodes,
-                        allow_new_workers=args.allow_new_workers)
+                        allow_new_workers=args.allow_new_workers,
+                        max_workers=args.max_workers, max_body=int(args.max_body),
+                        state_dir=args.state_dir, checkpoint_every=args.checkpoint_every)
+    svc.load_error = load_error
 
     def announce(port):
         sys.stderr.write(f"radix-soa router: listening on http://{args.host}:{port} "

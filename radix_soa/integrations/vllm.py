@@ -11,44 +11,25 @@ connects a SUB socket (and a DEALER for replays) to each worker's publisher
 and applies every batch to ``index`` as the worker's, in order, from one
 thread polling every socket (or from your own calls to ``poll_once``).
 
-What it does with the sequence numbers (each publisher numbers its batches
-from 0), per worker:
+What it does with the sequence numbers is judged by
+``radix_soa.integrations.stream_rules.StreamRules`` (one per worker; this
+class is its I/O): at the start the worker's pages are cleared and its
+stream asked of the replay socket from 0 at once (the worker is
+``syncing`` until the replay answers: ``RouterIndex.status``); a gap asks
+the replay from the last batch applied, which it must repeat (another
+payload, or nothing from there on: the engine restarted, cleared and asked
+from 0; a batch no replay gives: degraded); a reconnect of the PUB socket
+(a ZMQ monitor sees its handshakes) makes the worker syncing and asks the
+same replay at once; a worker quiet for ``probe_every`` seconds is probed
+the same way (a dropped last batch, an idle restarted engine); a seq going
+down, or the highest again with another payload, is a restart; the same
+payload again, a duplicate. A message that cannot be tied to a seq is
+counted (``junk``) and dropped; a payload that cannot be decoded is asked
+again of the replay socket. Nothing a publisher sends stops the thread.
 
-- the first batch seen starts the worker's stream: its pages in the index
-  are cleared (``apply_snapshot(worker, [])``), and the batches before it,
-  from 0, are asked of the replay socket;
-- a batch past the next one expected is a gap: the missed ones are asked of
-  the replay socket, from the last batch applied on (its payload replayed
-  must be the one applied: another means the engine restarted and its new
-  count passed the old one, handled as a restart below, its new stream
-  asked from 0; a replay no longer holding it marks the worker degraded),
-  the batches arriving meanwhile are held, and all are
-  applied in order once the replay ends (its end marker, or
-  ``replay_timeout`` seconds of silence; a gap left among the held batches
-  is asked for again while replays make progress). A batch the replay
-  cannot give (gone from the publisher's buffer, or no replay socket)
-  leaves the gap to the index,
-  which marks the worker degraded (``RouterIndex.status``) and goes on
-  applying: the worker stays answerable;
-- the first batch after the PUB socket reconnected (a ZMQ monitor sees
-  its handshakes), even the one expected next, is checked the same way: a
-  restarted engine whose new count came up to the old one shows no gap;
-- a batch numbered below the highest seen on the PUB socket, or numbered
-  the highest seen with another payload, is a restart (a
-  new publisher counts from 0 again: the engine restarted and lost its
-  cache): the worker's pages are cleared and its stream starts again as
-  above. A batch numbered as the last one, with its payload, is a
-  duplicate, skipped.
-- a malformed frame, payload or event (or one the index refuses: another
-  page size, bytes hashes in a ``fast64`` index) is counted in the worker's
-  ``errors`` with ``last_error`` naming the worker and seq; the batch is
-  lost, so the worker is marked degraded (``RouterIndex.mark_degraded``;
-  also for a message too malformed to tell its seq).
-  Nothing a publisher sends stops the thread.
-
-Each batch applies with ``strict=False`` and ``seq`` = its number + 1 (0
-is the stream's start). Events of another ``medium`` than ``"GPU"`` (CPU
-offloading tiers) or another KV-cache group than ``group_idx`` 0 (a hybrid
+Each batch applies with ``strict=False`` (the rules judged its order).
+Events of another ``medium`` than ``"GPU"`` (CPU offloading tiers) or
+another KV-cache group than ``group_idx`` 0 (a hybrid
 model's other groups, which repeat the same block hashes) are skipped and
 counted; ``medium=None`` / ``group_idx=None`` take them all.
 
@@ -59,10 +40,13 @@ counted; ``medium=None`` / ``group_idx=None`` take them all.
 >>> sub = KVEventSubscriber(ix, {"w0": (pub.endpoint, pub.replay_endpoint)})
 >>> pub.wait_subscribers(1)
 True
+>>> sub.wait(lambda: ix.status("w0") == "exact", timeout=10)  # asked at once, from 0
+True
 >>> engine = rs.PrefixCache(page_size=2, events=True, values=False)   # stands in for vLLM's
 >>> _ = engine.insert([1, 2]); _ = pub.publish(engine.take_events(), send=False)  # lost
 >>> _ = engine.insert([1, 2, 3, 4]); _ = pub.publish(engine.take_events())
->>> sub.wait(lambda: sub.stats("w0")["last_seq"] == 1, timeout=10)
+>>> sub.wait(lambda: sub.stats("w0")["last_seq"] == 1 and ix.status("w0") == "exact",
+...          timeout=10)
 True
 >>> ix.overlap([1, 2, 3, 4]).tolist(), ix.status("w0"), sub.stats("w0")["gaps"]
 ([4], 'exact', 1)
@@ -74,6 +58,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from .stream_rules import StreamRules
 from .vllm_wire import END_SEQ, decode_events, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
@@ -81,8 +66,8 @@ from ..router_index import RouterIndex, worker_id
 __all__ = ["KVEventSubscriber", "Endpoint"]
 
 SUB_HWM = 100_000  # vLLM's PUB high-water mark: batches queued before ZMQ drops
-_STATS = ("batches", "events", "skipped", "gaps", "replayed", "replay_timeouts", "restarts",
-          "duplicates", "errors", "reconnects")
+_IO_STATS = ("batches", "events", "skipped", "junk", "errors")
+_PUB, _REPLAY, _MONITOR = 0, 1, 2  # what a polled socket is
 
 
 class Endpoint(NamedTuple):
@@ -148,18 +133,18 @@ class _Feed:
         except BaseException:
             self.close()
             raise
-        self.last = None        # the last seq handled (applied or lost)
-        self.last_payload = None  # its payload (by reference): a replay of it is compared
-        self.verify = None      # while a gap's replay runs: the seq whose payload it must repeat
-        self.unverified = None  # that seq, when the replay no longer held it
-        self.reconnected = False  # a handshake since the last batch applied
-        self.high = None        # the highest seq seen on the PUB socket
-        self.high_payload = b""  # and its payload: the same seq again with another is a restart
-        self.pending = {}       # seq -> payload, held while a replay runs
-        self.deadline = None    # while a replay runs: when it is given up
-        self.replay_start = 0   # the seq the last replay asked from
-        self.stats = dict.fromkeys(_STATS, 0)
-        self.stats.update(last_seq=None, last_error=None, data_parallel_rank=None, ts=None)
+        self.rules = StreamRules(worker, has_replay=endpoint.replay is not None,
+                                 decode=decode_events)
+        self.deadline = None     # while a replay runs: when it is given up
+        self.handshakes_seen = 0  # the SUB socket's: the first is its connect
+        self.heard = False       # anything received from this publisher
+        self.since = time.time()  # when the status shown last changed
+        self.quiet_since = time.monotonic()  # the last PUB batch, or probe
+        self.shown = False       # the syncing reason shown in the index (False: none yet)
+        self.stats = dict.fromkeys(_IO_STATS, 0)
+        self.stats.update(last_error=None, data_parallel_rank=None, ts=None)
+        self.rules_error = None  # the rules' last_error already copied
+        self.rules_errors = 0    # and their count of errors
 
     def _connect_replay(self):
         if self.endpoint.replay is not None:
@@ -212,17 +197,33 @@ class KVEventSubscriber:
     The module's docstring says what happens on gaps, restarts and
     malformed frames.
 
-    ``replay_timeout``: seconds the replay socket may stay silent (before
-    its first reply, between replies) before the batches held are applied
-    without the rest of it. ``poll_interval``: the thread's longest wait
-    (seconds), which bounds how long ``stop`` and ``add_endpoint`` wait.
-    ``medium`` / ``group_idx``: the events taken (see the module).
-    ``context``: a ``zmq.Context`` to use (by default one of its own, ended
-    by ``close``).
+    Parameters
+    ----------
+    index : RouterIndex
+        The index the batches apply to, each worker's as its own.
+    endpoints : mapping, optional
+        Worker id -> publisher endpoint.
+    replay_timeout : float
+        Seconds the replay socket may stay silent (before its first reply,
+        between replies) before the replay is given up (default 5).
+    poll_interval : float
+        The thread's longest wait (seconds), which bounds how long ``stop``
+        and ``add_endpoint`` wait.
+    medium, group_idx : str or None, int or None
+        The events taken (see the module).
+    context : zmq.Context, optional
+        A context to use (by default one of its own, ended by ``close``).
+    probe_every : float or None
+        Seconds a worker may stay quiet before its replay socket is probed
+        (default 2; None: never).
+    positions : mapping, optional
+        Worker id -> ``(last seq applied, its payload)``, as ``positions()``
+        returns them: the workers' pages in ``index`` are kept and their
+        streams resumed from there (a checkpoint's).
     """
 
     def __init__(self, index, endpoints=None, *, replay_timeout=5.0, poll_interval=0.05,
-                 medium="GPU", group_idx=0, context=None):
+                 medium="GPU", group_idx=0, context=None, probe_every=2.0, positions=None):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         for name, v in (("replay_timeout", replay_timeout), ("poll_interval", poll_interval)):
@@ -243,7 +244,20 @@ class KVEventSubscriber:
             if w in specs:
                 raise ValueError(f"endpoints names worker {w!r} twice")
             specs[w] = as_endpoint(spec, f"endpoints[{w!r}]")
+        if probe_every is not None and (isinstance(probe_every, bool) or not isinstance(
+                probe_every, (int, float)) or not 0 < probe_every < 1e6):
+            raise ValueError(f"probe_every must be a positive number of seconds or None; got "
+                             f"{probe_every!r}")
+        resume = {}
+        for w, pos in (positions or {}).items():
+            if not (isinstance(pos, tuple) and len(pos) == 2 and type(pos[0]) is int
+                    and pos[0] >= 0 and isinstance(pos[1], bytes)):
+                raise ValueError(f"positions[{w!r}] must be (last seq applied, its payload "
+                                 f"bytes); got {type(pos).__name__}")
+            resume[worker_id(w)] = pos
+        self._resume = resume
         self.index = index
+        self.probe_every = None if probe_every is None else float(probe_every)
         self.replay_timeout = float(replay_timeout)
         self.poll_interval = float(poll_interval)
         self.medium, self.group_idx = medium, group_idx
@@ -286,12 +300,16 @@ class KVEventSubscriber:
     def _attach(self, feed):
         self.index.add_worker(feed.worker)
         self._feeds[feed.worker] = feed
-        self._register(feed.sub, feed, False)
+        self._register(feed.sub, feed, _PUB)
         if feed.replay is not None:
-            self._register(feed.replay, feed, True)
+            self._register(feed.replay, feed, _REPLAY)
+        if feed.monitor is not None:
+            self._register(feed.monitor, feed, _MONITOR)
+        # ask, don't wait: from 0, or from the position a checkpoint saved
+        self._do(feed, feed.rules.on_start(resume=self._resume.pop(feed.worker, None)))
 
-    def _register(self, sock, feed, is_replay):
-        self._by_socket[sock] = (feed, is_replay)
+    def _register(self, sock, feed, kind):
+        self._by_socket[sock] = (feed, kind)
         self._poller.register(sock, zmq.POLLIN)
 
     def _unregister(self, sock):
@@ -305,6 +323,8 @@ class KVEventSubscriber:
         self._unregister(feed.sub)
         if feed.replay is not None:
             self._unregister(feed.replay)
+        if feed.monitor is not None:
+            self._unregister(feed.monitor)
         feed.close()
         if drop and worker in self.index:
             self.index.remove_worker(worker)
@@ -351,6 +371,23 @@ class KVEventSubscriber:
         ``drop`` (the default) it leaves the index too."""
         self._call(self._remove, worker_id(worker), bool(drop))
 
+    def positions(self, snapshot=None):
+        """Each worker's stream position: ``{worker: (last seq applied, its
+        payload)}`` (what ``positions=`` resumes from); with ``snapshot`` (a
+        callable), ``(snapshot(), positions)`` taken at one instant, no
+        batch applied between (``snapshot`` runs in the polling thread).
+
+        >>> import radix_soa as rs
+        >>> KVEventSubscriber(rs.RouterIndex(page_size=2)).positions()
+        {}
+        """
+        def grab():
+            pos = {w: (f.rules.last, bytes(f.rules.last_payload))
+                   for w, f in self._feeds.items()
+                   if f.rules.last is not None and f.rules.last_payload is not None}
+            return pos if snapshot is None else (snapshot(), pos)
+        return self._call(grab)
+
     @property
     def workers(self):
         """The workers subscribed to, in the order they were added."""
@@ -364,18 +401,28 @@ class KVEventSubscriber:
         """A worker's counts (a new dict): ``batches`` applied, ``events``
         applied, ``skipped`` (another medium or group), ``gaps`` seen,
         ``replayed`` batches, ``replay_timeouts``, ``restarts``,
-        ``duplicates`` (a batch sent again), ``errors``, ``reconnects`` (of
-        the SUB socket, each checked by a replay), ``last_seq``
-        (the last batch handled), ``last_error``, ``data_parallel_rank``
-        and ``ts`` of the last batch applied, ``replaying`` (a replay
-        under way); without ``worker``, a dict of every worker's."""
+        ``duplicates`` (a batch sent again), ``errors``, ``junk`` (messages
+        that cannot be tied to a seq, dropped), ``unreadable`` (payloads
+        that cannot be decoded, asked again), ``reconnects`` (of the SUB
+        socket, each checked by a replay), ``probes`` (replays asked of a
+        quiet worker), ``last_seq`` (the last batch handled),
+        ``last_error``, ``data_parallel_rank`` and ``ts`` of the last batch
+        applied, ``replaying`` (a replay under way), ``status`` and
+        ``reason`` (the index's); without ``worker``, a dict of every
+        worker's."""
+        statuses = self.index.statuses()  # once: O(workers)
         if worker is None:
-            return {w: self._stats_of(f) for w, f in list(self._feeds.items())}
-        return self._stats_of(self._feeds[worker_id(worker)])
+            return {w: self._stats_of(f, statuses) for w, f in list(self._feeds.items())}
+        return self._stats_of(self._feeds[worker_id(worker)], statuses)
 
     @staticmethod
-    def _stats_of(feed):
-        return dict(feed.stats, replaying=feed.deadline is not None)
+    def _stats_of(feed, statuses):
+        rules = feed.rules
+        out = dict(rules.stats, **feed.stats)
+        out["errors"] = feed.stats["errors"] + feed.rules_errors
+        out.update(last_seq=rules.last, replaying=rules.replaying)
+        out["status"], out["reason"] = statuses.get(feed.worker, ("unknown", None))
+        return out
 
     # ------------------------------------------------------------ running
     def start(self):
@@ -479,11 +526,13 @@ class KVEventSubscriber:
         wait = timeout_ms
         if any(f.deadline is not None for f in self._feeds.values()):
             wait = min(wait, 20)
-        for sock, _ in self._poller.poll(wait) if self._by_socket else ():
+        ready = self._poller.poll(wait) if self._by_socket else ()
+        # a monitor first: a reconnect is judged before the batches after it
+        for sock, _ in sorted(ready, key=lambda r: self._by_socket.get(r[0], (0, 0))[1] != 2):
             entry = self._by_socket.get(sock)
             if entry is None:
                 continue  # a replay socket replaced during this round
-            feed, is_replay = entry
+            feed, kind = entry
             for _ in range(1000):  # a bound, so one busy worker cannot starve the rest
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -491,12 +540,16 @@ class KVEventSubscriber:
                     break
                 n += 1
                 try:
-                    if is_replay:
+                    if kind == _REPLAY:
                         self._on_replay(feed, frames)
-                    else:
+                    elif kind == _PUB:
                         self._on_pub(feed, frames)
+                    else:
+                        self._on_handshakes(feed, 1)
                 except Exception as exc:  # a bug must not stop the feed
-                    self._error(feed, None, f"{type(exc).__name__}: {exc}")
+                    feed.stats["errors"] += 1
+                    feed.stats["last_error"] = (f"worker {feed.worker!r}: "
+                                                f"{type(exc).__name__}: {exc}")
                 if self._by_socket.get(sock) is not entry:
                     break  # the worker removed, or this replay socket replaced
         if not self._by_socket and timeout_ms:
@@ -504,97 +557,79 @@ class KVEventSubscriber:
         now = time.monotonic()
         for feed in list(self._feeds.values()):
             if feed.deadline is not None and now >= feed.deadline:
-                feed.stats["replay_timeouts"] += 1
-                self._drop_replay_socket(feed)
-                self._finish_replay(feed, False)
+                self._do(feed, feed.rules.on_replay_timeout())
+            elif (self.probe_every is not None and feed.deadline is None
+                  and now - feed.quiet_since >= self.probe_every):
+                feed.quiet_since = now
+                self._do(feed, feed.rules.on_quiet())
         return n
 
     # ------------------------------------------------------------ the stream
-    def _error(self, feed, seq, msg):
-        feed.stats["errors"] += 1
-        where = f"worker {feed.worker!r}" + ("" if seq is None else f" seq {seq}")
-        feed.stats["last_error"] = f"{where}: {msg}"
-        if feed.worker in self.index:
-            self.index.mark_degraded(feed.worker, f"{where}: a batch was lost: {msg}")
+    def _do(self, feed, actions):
+        """Carry out what the stream rules said, then show the status."""
+        rules, worker = feed.rules, feed.worker
+        for a in actions:
+            if a.kind == "apply":
+                self._apply(feed, a.seq, a.decoded)
+            elif a.kind == "clear":
+                self.index.apply_snapshot(worker, [])
+            elif a.kind == "ask":
+                try:
+                    feed.replay.send_multipart([b"", a.seq.to_bytes(8, "big")], zmq.NOBLOCK)
+                    feed.deadline = time.monotonic() + self.replay_timeout
+                except zmq.Again:
+                    feed.deadline = time.monotonic()  # not sent: given up next round
+            elif a.kind == "drop_replay":
+                self._drop_replay_socket(feed)
+                feed.deadline = None
+            elif a.kind == "degrade":
+                self.index.mark_degraded(worker, a.data)
+        if not rules.replaying:
+            feed.deadline = None
+        if rules.last_error is not feed.rules_error:
+            feed.rules_error = feed.stats["last_error"] = rules.last_error
+        feed.rules_errors = rules.stats["errors"]  # after its message: stats() read elsewhere
+        reason = rules.syncing
+        if reason != feed.shown:
+            feed.shown = reason
+            feed.since = time.time()
+            if reason is not None:
+                ep = feed.endpoint
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(feed.since))
+                if not feed.heard:
+                    where = ep.pub if ep.replay is None else f"{ep.pub} or {ep.replay}"
+                    reason = f"nothing from {where} since {stamp}: {reason}"
+                else:
+                    reason = f"{reason} (since {stamp})"
+            self.index.mark_syncing(worker, reason)
 
-    def _start_stream(self, feed):
-        self.index.apply_snapshot(feed.worker, [], seq=0)
-        feed.last = feed.last_payload = feed.verify = feed.unverified = None
-        feed.reconnected = False
+    def _junk(self, feed, msg):
+        """A message that cannot be tied to a seq: counted and dropped (the
+        next seq decides whether anything numbered was lost)."""
+        feed.stats["junk"] += 1
+        feed.stats["errors"] += 1
+        feed.stats["last_error"] = f"worker {feed.worker!r}: {msg}"
+
+    def _on_handshakes(self, feed, n):
+        """``n`` handshakes of the SUB socket: the first is its connect,
+        the others reconnects."""
+        for _ in range(n):
+            feed.handshakes_seen += 1
+            if feed.handshakes_seen > 1:
+                self._do(feed, feed.rules.on_reconnect())
 
     def _on_pub(self, feed, frames):
+        n = feed.handshakes()  # a reconnect is judged before the batch after it
+        if n:
+            self._on_handshakes(feed, n)
         if len(frames) != 3 or len(frames[1]) != 8:
-            self._error(feed, None, f"a PUB message is (topic, 8-byte seq, payload); got "
-                        f"{len(frames)} frames" + (f", a seq of {len(frames[1])} bytes"
-                                                   if len(frames) == 3 else ""))
+            self._junk(feed, f"a PUB message is (topic, 8-byte seq, payload); got "
+                       f"{len(frames)} frames" + (f", a seq of {len(frames[1])} bytes"
+                                                  if len(frames) == 3 else ""))
             return
-        seq = int.from_bytes(frames[1], "big")
-        payload = frames[2]
-        reconnects = feed.handshakes()
-        if reconnects and (feed.last is not None or feed.deadline is not None):
-            feed.stats["reconnects"] += reconnects
-            feed.reconnected = True
-        if feed.high is not None and (seq < feed.high
-                                      or seq == feed.high and payload != feed.high_payload):
-            feed.stats["restarts"] += 1
-            if feed.deadline is not None:  # a replay of the old stream: dropped
-                feed.deadline = None
-                feed.pending.clear()
-                self._drop_replay_socket(feed)
-            feed.high = None
-        if feed.high is None:
-            self._start_stream(feed)
-        elif seq == feed.high:
-            feed.stats["duplicates"] += 1
-            return
-        feed.high, feed.high_payload = seq, payload  # kept by reference: no work per batch
-        if feed.last is not None and seq <= feed.last:
-            return  # a replay gave it already
-        if feed.deadline is not None:
-            feed.pending[seq] = payload
-            if feed.reconnected and feed.replay is not None:
-                # the replay under way may be answered by the engine gone:
-                # asked again, of the one now up, from the last batch applied
-                feed.reconnected = False
-                self._drop_replay_socket(feed)
-                self._replay_from_last_applied(feed)
-            return
-        expected = 0 if feed.last is None else feed.last + 1
-        verify = feed.reconnected and feed.last is not None
-        feed.reconnected = False
-        if verify and feed.replay is None:
-            self._restart_not_ruled_out(feed, seq, "the event socket reconnected and there is "
-                                        "no replay socket to check the stream with: a restart "
-                                        "cannot be ruled out")
-            verify = False
-        if seq == expected and not verify:
-            self._apply(feed, seq, payload)
-            return
-        if seq != expected:
-            feed.stats["gaps"] += 1
-        if feed.replay is None:
-            self._apply(feed, seq, payload)  # the index sees the gap: degraded
-            return
-        feed.pending[seq] = payload
-        self._replay_from_last_applied(feed)
-
-    def _replay_from_last_applied(self, feed):
-        """Ask the replay from the last batch applied (from 0 at a stream's
-        start), which it must repeat: the numbers alone cannot tell a gap
-        from a restarted engine whose new count passed the old one."""
-        if not self._request_replay(feed, 0 if feed.last is None else feed.last,
-                                    verify=feed.last):
-            self._finish_replay(feed, False)
-
-    def _request_replay(self, feed, start, verify=None):
-        feed.verify = verify  # a request that cannot be sent leaves it unverified
-        try:
-            feed.replay.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        feed.replay_start = start
-        feed.deadline = time.monotonic() + self.replay_timeout
-        return True
+        feed.heard = True
+        feed.quiet_since = time.monotonic()
+        self._do(feed, feed.rules.on_batch(int.from_bytes(frames[1], "big"), frames[2]))
 
     def _drop_replay_socket(self, feed):
         old = feed.replay
@@ -602,7 +637,7 @@ class KVEventSubscriber:
             return
         self._unregister(old)
         feed.reset_replay()
-        self._register(feed.replay, feed, True)
+        self._register(feed.replay, feed, _REPLAY)
 
     def _on_replay(self, feed, frames):
         if frames and frames[0] == b"":
@@ -610,91 +645,31 @@ class KVEventSubscriber:
         if len(frames) == 3:
             frames = frames[1:]  # vLLM 0.34.0: the topic first
         if len(frames) != 2 or len(frames[0]) != 8:
-            self._error(feed, None, f"a replay reply is ([topic,] 8-byte seq, payload); got "
-                        f"{len(frames)} frames")
+            self._junk(feed, f"a replay reply is ([topic,] 8-byte seq, payload); got "
+                       f"{len(frames)} frames")
             return
-        if feed.deadline is None:
+        feed.heard = True
+        if not feed.rules.replaying:
             return  # not asked for: ignore
         if frames[0] == END_SEQ:
-            self._finish_replay(feed, True)
+            self._do(feed, feed.rules.on_replay_end())
             return
-        seq = int.from_bytes(frames[0], "big")
         feed.deadline = time.monotonic() + self.replay_timeout  # it answers: wait on
-        if feed.verify is not None and seq >= feed.verify:
-            # the first reply at or past the batch asked to be repeated
-            verify, feed.verify = feed.verify, None
-            if seq == verify and frames[1] != feed.last_payload:
-                self._restarted_during_gap(feed)
-                return
-            if seq > verify:  # gone from the buffer: judged when the replay ends
-                feed.unverified = verify
-        feed.pending.pop(seq, None)
-        if feed.last is not None and seq <= feed.last:
-            return
-        feed.stats["replayed"] += 1
-        self._apply(feed, seq, frames[1])
+        self._do(feed, feed.rules.on_replay(int.from_bytes(frames[0], "big"), frames[1]))
 
-    def _restarted_during_gap(self, feed):
-        """The replay of a gap repeated the last batch applied with another
-        payload: the engine restarted and its new count passed the old one.
-        Its old pages go; its new stream is asked from 0 (the batches held
-        are the new stream's)."""
-        feed.stats["restarts"] += 1
-        self._drop_replay_socket(feed)  # the rest of this reply: not wanted
-        self._start_stream(feed)
-        if not self._request_replay(feed, 0):
-            self._finish_replay(feed, False)
-
-    def _judge_unverified(self, feed):
-        """A replay that did not repeat the last batch applied (no longer
-        held, or no answer) cannot rule out a restart: unless the index
-        already marked the worker degraded (a gap left open), mark it."""
-        verify, feed.unverified = feed.unverified, None
-        if verify is not None and self.index.status(feed.worker) == "exact":
-            self._restart_not_ruled_out(feed, verify, "the replay did not repeat the last batch "
-                                        "applied, so an engine restart cannot be ruled out")
-
-    def _restart_not_ruled_out(self, feed, seq, why):
-        msg = f"worker {feed.worker!r} seq {seq}: {why}"
-        feed.stats["last_error"] = msg
-        self.index.mark_degraded(feed.worker, msg)
-
-    def _finish_replay(self, feed, answered):
-        """Apply the batches held, in order. A gap among them that a replay
-        which answered may fill (it moved the stream on: the publisher sent
-        more since it was asked) is asked for again."""
-        feed.deadline = None
-        if feed.verify is not None:  # no reply reached it
-            feed.unverified, feed.verify = feed.verify, None
-        held = sorted(feed.pending.items())
-        feed.pending = {}
-        for i, (seq, payload) in enumerate(held):
-            if feed.last is not None and seq <= feed.last:
-                continue
-            expected = 0 if feed.last is None else feed.last + 1
-            if (seq > expected and answered and feed.replay is not None
-                    and expected > feed.replay_start):
-                feed.pending = dict(held[i:])
-                if self._request_replay(feed, expected):
-                    return
-                feed.pending = {}
-            self._apply(feed, seq, payload)
-        self._judge_unverified(feed)
-
-    def _apply(self, feed, seq, payload):
-        feed.last, feed.last_payload = seq, payload
+    def _apply(self, feed, seq, decoded):
         st = feed.stats
-        st["last_seq"] = seq
+        ts, events, rank = decoded
         try:
-            ts, decoded, rank = decode_events(payload)
-            events = [e for d, e in decoded if self._wanted(d)]
-            st["skipped"] += len(decoded) - len(events)
-            self.index.apply(feed.worker, events, strict=False, seq=seq + 1)
+            wanted = [e for d, e in events if self._wanted(d)]
+            # the stream rules judged order, gaps and restarts: no seq here
+            self.index.apply(feed.worker, wanted, strict=False)
         except EventError as exc:
-            self._error(feed, seq, str(exc))
+            self._do(feed, feed.rules.on_refused(seq, str(exc)))
             return
+        st["skipped"] += len(events) - len(wanted)
         st["batches"] += 1
-        st["events"] += len(events)
+        st["events"] += len(wanted)
         st["data_parallel_rank"] = rank
         st["ts"] = ts
 

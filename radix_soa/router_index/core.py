@@ -150,6 +150,7 @@ class RouterIndex(ReadersWriter):
         self._order = []       # the worker ids in the order they were registered
         self._out = slice(0, 0)  # their columns in a result row (a slice when in order)
         self._status = {}      # degraded worker id -> the first problem since it was exact
+        self._syncing = {}     # worker id -> why its feed has not confirmed it yet
         self._seq = {}         # worker id -> the last seq applied
         self._forgotten = 0    # pages the budget forgot, since creation
         self._words = 1
@@ -178,6 +179,7 @@ class RouterIndex(ReadersWriter):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("_syncing", {})  # pickled before syncing existed
         self._init_lock()
 
     # ------------------------------------------------------------ storage (storage.py)
@@ -212,6 +214,9 @@ class RouterIndex(ReadersWriter):
     remove_worker = workers_.remove_worker
     status = workers_.status
     mark_degraded = workers_.mark_degraded
+    mark_syncing = workers_.mark_syncing
+    syncing = property(workers_.syncing)
+    statuses = workers_.statuses
     degraded = property(workers_.degraded)
 
     # ------------------------------------------------------------ queries (queries.py)

@@ -25,6 +25,7 @@ class OverlapReport(NamedTuple):
     not known exactly (``RouterIndex.degraded``), read at one instant."""
     scores: dict
     degraded: frozenset
+    syncing: frozenset = frozenset()  # not confirmed yet (``RouterIndex.syncing``)
 
 
 def _page_keys(self, q, namespace):
@@ -87,18 +88,20 @@ def overlap_scores(self, tokens, namespace=None):
         return dict(zip(self._order, self.overlap(tokens, namespace).tolist()))
 
 def overlap_report(self, tokens, namespace=None):
-    """``overlap_scores`` and the degraded workers among them, at one
-    instant: an ``OverlapReport(scores, degraded)``.
+    """``overlap_scores``, the degraded workers and the syncing ones
+    among them, at one instant: an ``OverlapReport(scores, degraded,
+    syncing)``.
 
     >>> import radix_soa as rs
     >>> ix = rs.RouterIndex(page_size=2, workers=[0, 1], strict=False)
     >>> ix.apply(1, [rs.BlockRemoved([5])])
     >>> ix.overlap_report([1, 2])
-    OverlapReport(scores={0: 0, 1: 0}, degraded=frozenset({1}))
+    OverlapReport(scores={0: 0, 1: 0}, degraded=frozenset({1}), syncing=frozenset())
     """
     with self._lock:
         return OverlapReport(self.overlap_scores(tokens, namespace),
-                             frozenset(self._status))
+                             frozenset(self._status),
+                             frozenset(w for w in self._syncing if w not in self._status))
 
 def overlap_batch(self, batch, namespace=None):
     """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``

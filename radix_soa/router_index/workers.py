@@ -53,19 +53,77 @@ def remove_worker(self, worker):
         self._order.remove(worker)
         self._status.pop(worker, None)
         self._seq.pop(worker, None)
+        self._syncing.pop(worker, None)
         self._live[w] &= ~bit
         self._columns_changed()
 
 
 def status(self, worker):
     """``"exact"`` (every event since the worker's last clear or
-    snapshot applied) or ``"degraded"`` (one could not: its pages are
-    what the index could apply); ``KeyError`` for an unknown worker."""
+    snapshot applied), ``"degraded"`` (one could not: its pages are
+    what the index could apply) or ``"syncing"`` (its feed has not
+    confirmed it yet: ``mark_syncing``); ``KeyError`` for an unknown
+    worker."""
     worker = worker_id(worker)
     with self._lock:
         if worker not in self._cols:
             raise KeyError(f"worker {worker!r} is not in the index")
-        return "degraded" if worker in self._status else "exact"
+        if worker in self._status:
+            return "degraded"
+        return "syncing" if worker in self._syncing else "exact"
+
+
+def mark_syncing(self, worker, reason=None):
+    """Mark ``worker`` syncing because of ``reason`` (a str: its feed has
+    not confirmed its pages yet, such as a replay under way), or, with
+    ``reason=None``, confirmed again. Its pages stay; ``status`` says
+    ``"degraded"`` while it is degraded too. ``KeyError`` for an
+    unknown worker.
+
+    >>> import radix_soa as rs
+    >>> ix = rs.RouterIndex(page_size=2, workers=["w"])
+    >>> ix.mark_syncing("w", "replaying from 0"); ix.status("w"), ix.syncing
+    ('syncing', {'w': 'replaying from 0'})
+    >>> ix.mark_syncing("w", None); ix.status("w")
+    'exact'
+    """
+    worker = worker_id(worker)
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"reason must be a str or None; got {type(reason).__name__}")
+    with self._writing:
+        if worker not in self._cols:
+            raise KeyError(f"worker {worker!r} is not in the index")
+        if reason is None:
+            self._syncing.pop(worker, None)
+        else:
+            self._syncing[worker] = reason
+
+
+def syncing(self):
+    """The syncing workers, in registration order: a dict from worker id
+    to why (``mark_syncing``)."""
+    with self._lock:
+        return {w: self._syncing[w] for w in self._order if w in self._syncing}
+
+
+def statuses(self):
+    """Every worker's ``(status, reason)``, in registration order, at one
+    instant (``reason`` None for an exact worker).
+
+    >>> import radix_soa as rs
+    >>> rs.RouterIndex(page_size=2, workers=["w"]).statuses()
+    {'w': ('exact', None)}
+    """
+    with self._lock:
+        out = {}
+        for w in self._order:
+            if w in self._status:
+                out[w] = ("degraded", self._status[w])
+            elif w in self._syncing:
+                out[w] = ("syncing", self._syncing[w])
+            else:
+                out[w] = ("exact", None)
+        return out
 
 def mark_degraded(self, worker, problem):
     """Mark ``worker`` degraded because of ``problem`` (a str: an event

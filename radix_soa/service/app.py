@@ -55,7 +55,13 @@ the load test run it on a free port from a thread in a few lines.
 """
 
 import asyncio
+import gc
+import io
 import json
+import os
+import shutil
+import tarfile
+import tempfile
 import socket
 import threading
 import time
@@ -64,22 +70,60 @@ from .._events.kv_events import EventError, namespace_seed
 from ..router_index import rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
-from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,
-                     read_tokens)
+from .schema import (LOAD_FIELDS, BadRequest, check_keys, cut, loads_of, namespace_of,
+                     parse_body, read_tokens, shown)
 
-__all__ = ["RouterService", "POLICIES"]
+__all__ = ["RouterService", "POLICIES", "restore"]
 
 POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
-ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/metrics")
+ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/readyz",
+             "/snapshot", "/metrics")
 ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
 MAX_BODY = 64 << 20
+MAX_WORKER_ID = 256   # characters of a worker id posted to /events
+OFF_LOOP = 1 << 20    # a body larger than this is parsed and applied off the event loop
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
+_TAR = b"application/x-tar"
 
 
 def _dumps(obj):
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def restore(state_dir, workers, *, page_size=16, event_hash="fast64", event_hash_seed=None,
+            max_bytes=None):
+    """``(index, positions, error)`` for a router over ``workers``: the
+    checkpoint in ``state_dir`` when it loads and fits (its page size and
+    event hash; its workers made ``workers``), else a fresh index, no
+    positions and ``error`` saying why (None when there was none to load)."""
+    from .checkpoint import CheckpointError, load
+
+    def fresh():
+        return RouterIndex(page_size, workers=workers, event_hash=event_hash,
+                           event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
+    if state_dir is None:
+        return fresh(), {}, None
+    try:
+        ix, positions, _ = load(state_dir)
+    except FileNotFoundError:
+        return fresh(), {}, None
+    except (CheckpointError, OSError) as exc:
+        return fresh(), {}, f"the checkpoint was not loaded: {exc}"
+    want = fresh()
+    if (ix.page_size, ix.event_hash, ix._max_bytes) != (want.page_size, want.event_hash,
+                                                          want._max_bytes) or \
+            getattr(ix, "_seed_none", None) != getattr(want, "_seed_none", None):
+        return want, {}, (f"the checkpoint in {state_dir} is of another index (page size "
+                          f"{ix.page_size}, event hash {ix.event_hash}): not loaded")
+    for w in ix.workers:
+        if w not in workers:
+            ix.remove_worker(w)
+    for w in workers:
+        if w not in ix:
+            ix.add_worker(w)
+    return ix, {w: p for w, p in positions.items() if w in workers}, None
 
 
 class _View:
@@ -104,7 +148,12 @@ class RouterService:
     ``policy``: the default of ``/route``. The policy options are those of
     ``radix_soa.replay_cluster`` (SGLang's and Dynamo's defaults).
     ``POST /events`` for a worker the index does not hold is a 400 unless
-    ``allow_new_workers=True`` (then the post registers it).
+    ``allow_new_workers=True`` (then the post registers it, up to
+    ``max_workers`` workers in all). ``max_body``: bytes a request body may
+    have (a larger one is refused before it is read). ``state_dir``: where
+    the index and the subscriber's stream positions are checkpointed every
+    ``checkpoint_every`` seconds and on a clean stop (``from_endpoints``
+    loads them); ``GET /snapshot`` serves that checkpoint.
 
     >>> import http.client, json
     >>> import radix_soa as rs
@@ -123,7 +172,8 @@ class RouterService:
 
     def __init__(self, index, *, subscriber=None, policy="cache_aware", cache_threshold=0.5,
                  balance_abs_threshold=32, balance_rel_threshold=1.1, overlap_weight=1.0,
-                 load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False):
+                 load="requests", prefix_pages=4, vnodes=64, allow_new_workers=False,
+                 max_workers=1024, max_body=MAX_BODY, state_dir=None, checkpoint_every=5.0):
         if not isinstance(index, RouterIndex):
             raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
         if policy not in POLICIES:
@@ -133,12 +183,15 @@ class RouterService:
         for name, v, lo in (("cache_threshold", cache_threshold, 0),
                             ("balance_abs_threshold", balance_abs_threshold, 0),
                             ("balance_rel_threshold", balance_rel_threshold, 0),
-                            ("overlap_weight", overlap_weight, 0)):
+                            ("overlap_weight", overlap_weight, 0),
+                            ("checkpoint_every", checkpoint_every, 1e-3)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < 1e18:
                 raise ValueError(f"{name} must be a number >= {lo}; got {v!r}")
-        for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes)):
-            if type(v) is not int or not 1 <= v <= 1 << 16:
-                raise ValueError(f"{name} must be an int in [1, 65536]; got {v!r}")
+        for name, v in (("prefix_pages", prefix_pages), ("vnodes", vnodes),
+                        ("max_workers", max_workers), ("max_body", max_body)):
+            top = 1 << 40 if name == "max_body" else 1 << 16
+            if type(v) is not int or not 1 <= v <= top:
+                raise ValueError(f"{name} must be an int in [1, {top}]; got {v!r}")
         self.index = index
         self.subscriber = subscriber
         self.allow_new_workers = bool(allow_new_workers)
@@ -152,6 +205,21 @@ class RouterService:
         self._loads = {}      # worker id -> [requests, tokens, active_blocks, prefill_tokens]
         self._routed = {}     # worker id -> requests routed to it
         self._posted = {}     # worker id -> [batches, events] posted to /events
+        self._posted_seq = {}  # worker id -> the last seq posted to /events and applied
+        self.max_workers = max_workers
+        self.max_body = max_body
+        self._executor = None  # one thread: /events, and any large body, off the event loop
+        self._readers = None   # threads for reads while a large write runs
+        self._heavy = 0        # large writes running in ``_executor``
+        self._health = (len(index.workers), len(index.degraded))
+        self.state_dir = None if state_dir is None else os.path.abspath(os.fspath(state_dir))
+        self.checkpoint_every = float(checkpoint_every)
+        self.checkpoint_info = {"count": 0, "bytes": None, "write_seconds": None,
+                                "copy_seconds": None, "at": None, "error": None}
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_stop = threading.Event()
+        self._ckpt_thread = None
+        self.load_error = None  # why a checkpoint was not loaded (from_endpoints)
         self._kv_turn = 0     # kv_overlap's tie-break start
         self._view = _View([])
         self._hist = {e: Histogram() for e in ENDPOINTS}
@@ -165,15 +233,24 @@ class RouterService:
 
     @classmethod
     def from_endpoints(cls, endpoints, *, page_size=16, event_hash="fast64",
-                       event_hash_seed=None, max_bytes=None, **options):
-        """A service over a fresh ``RouterIndex`` fed by a
-        ``KVEventSubscriber`` of ``endpoints`` (worker id -> vLLM publisher
-        endpoint, as the subscriber takes them); needs the ``vllm`` extra."""
+                       event_hash_seed=None, max_bytes=None, probe_every=2.0,
+                       replay_timeout=5.0, **options):
+        """A service over a ``RouterIndex`` fed by a ``KVEventSubscriber``
+        of ``endpoints`` (worker id -> vLLM publisher endpoint, as the
+        subscriber takes them); needs the ``vllm`` extra. With
+        ``state_dir=`` among the options, the index and the stream
+        positions come from the checkpoint there when one loads (else it
+        starts empty, ``load_error`` saying why), and the workers resume
+        from their positions."""
         from ..integrations.vllm import KVEventSubscriber
-        ix = RouterIndex(page_size, workers=list(endpoints), event_hash=event_hash,
-                         event_hash_seed=event_hash_seed, strict=False, max_bytes=max_bytes)
-        svc = cls(ix, subscriber=KVEventSubscriber(ix, endpoints), **options)
+        ix, positions, error = restore(options.get("state_dir"), list(endpoints),
+                                       page_size=page_size, event_hash=event_hash,
+                                       event_hash_seed=event_hash_seed, max_bytes=max_bytes)
+        svc = cls(ix, subscriber=KVEventSubscriber(ix, endpoints, positions=positions,
+                                                   probe_every=probe_every,
+                                                   replay_timeout=replay_timeout), **options)
         svc._owns_subscriber = True  # made here: closed by stop()
+        svc.load_error = error
         return svc
 
     # ------------------------------------------------------------ state
@@ -229,14 +306,15 @@ class RouterService:
         rep = self.index.overlap_report(tokens, namespace_of(body))
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
-                     "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
+                     "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded],
+                     "syncing": [n for n, w in zip(v.names, v.ids) if w in rep.syncing]}
 
     def _route(self, raw):
         body, tokens = read_tokens(raw, ROUTE_FIELDS)
         ns = namespace_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
-            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {shown(policy)}")
         rep = self.index.overlap_report(tokens, ns)
         v = self._current(list(rep.scores))
         if not v.ids:
@@ -257,7 +335,8 @@ class RouterService:
         return 200, {"worker": v.names[pos], "policy": policy, "mode": mode,
                      "overlap": dict(zip(v.names, overlaps)),
                      "load": dict(zip(LOAD_FIELDS, rows[pos])),
-                     "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded]}
+                     "degraded": [n for n, x in zip(v.names, v.ids) if x in rep.degraded],
+                     "syncing": [n for n, x in zip(v.names, v.ids) if x in rep.syncing]}
 
     def _load(self, raw):
         body = parse_body(raw)
@@ -275,7 +354,7 @@ class RouterService:
             for k, x in adds.get(name, {}).items():
                 i = LOAD_FIELDS.index(k)
                 if row[i] + x < 0:
-                    raise BadRequest(f"add[{name!r}][{k!r}]: {row[i]} + {x} would be below 0")
+                    raise BadRequest(f"add[{shown(name)}][{k!r}]: {row[i]} + {x} would be below 0")
                 row[i] += x
             new[name] = row
         for name, row in new.items():
@@ -284,73 +363,174 @@ class RouterService:
                                for n, w in zip(v.names, v.ids)}}
 
     def _events(self, raw):
-        body = parse_body(raw)
+        body = parse_body(raw, stream=("events",))
         check_keys(body, ("worker", "events", "seq"))
         name = body.get("worker")
-        if not isinstance(name, str) or not name:
-            raise BadRequest(f"worker must be a non-empty string; got {name!r}")
+        if (not isinstance(name, str) or not name or len(name) > MAX_WORKER_ID
+                or not name.isprintable()):
+            raise BadRequest(f"worker must be a non-empty printable string of at most "
+                             f"{MAX_WORKER_ID} characters; got {shown(name)}")
         events = body.get("events")
         if not isinstance(events, list):
             raise BadRequest("events must be a list of event objects")
         seq = body.get("seq")
         if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
-            raise BadRequest(f"seq must be an integer >= 0; got {seq!r}")
+            raise BadRequest(f"seq must be an integer >= 0; got {shown(seq)}")
         v = self._current(self.index.workers)
         if name not in v.pos and not self.allow_new_workers:
             # a typo must not become a worker that routes then prefer (no load, no cache)
-            raise BadRequest(f"worker: unknown worker {name!r}; the workers are "
-                             f"{', '.join(map(repr, v.names)) or 'none'} (start the service "
+            raise BadRequest(f"worker: unknown worker {shown(name)}; the workers are "
+                             f"{cut(', '.join(map(repr, v.names))) or 'none'} (start the service "
                              "with --allow-new-workers, or allow_new_workers=True in "
                              "Python, to let a POST add one)")
+        if name not in v.pos and len(v.ids) >= self.max_workers:
+            raise BadRequest(f"worker: {shown(name)} would be worker {len(v.ids) + 1}, past "
+                             f"max_workers={self.max_workers} (--max-workers)")
         w = v.ids[v.pos[name]] if name in v.pos else name
+        # the index's own record (kept across a checkpoint) when this service posted none
+        last = self._posted_seq.get(w, getattr(self.index, "_seq", {}).get(w))
+        if seq is not None and last is not None and seq <= last:
+            return 200, {"worker": name, "applied": 0, "duplicate": True}
         try:
             self.index.apply(w, events, seq=seq)
         except EventError as e:
             raise BadRequest(f"events: {e}") from None
         except (TypeError, ValueError, OverflowError, KeyError) as e:
             raise BadRequest(f"events: {e}") from None
+        if seq is not None:
+            self._posted_seq[w] = seq
         p = self._posted.setdefault(w, [0, 0])
         p[0] += 1
         p[1] += len(events)
         return 200, {"worker": name, "applied": len(events)}
 
-    def _event_stats(self, w):
+    def _event_stats(self):
+        """Every worker's event counts (the subscriber's, asked once, and
+        what was posted)."""
         out = {}
         sub = self.subscriber
         if sub is not None:
             try:
-                out = dict(sub.stats(w))
-            except KeyError:
-                out = {}
-        p = self._posted.get(w)
-        if p is not None:
-            out["posted_batches"], out["posted_events"] = p
+                out = {w: dict(x) for w, x in sub.stats().items()}
+            except TypeError:  # a feed with stats(worker) only
+                for w in self.index.workers:
+                    try:
+                        out[w] = dict(sub.stats(w))
+                    except KeyError:
+                        pass
+        for w, p in self._posted.items():
+            one = out.setdefault(w, {})
+            one["posted_batches"], one["posted_events"] = p
         return out
 
     def _workers(self, raw):
         ix = self.index
         v = self._current(ix.workers)
-        degraded = ix.degraded
+        statuses = ix.statuses()
+        every = self._event_stats()
         out = []
         for n, w in zip(v.names, v.ids):
-            stats = self._event_stats(w)
-            out.append({"id": n, "status": "degraded" if w in degraded else "exact",
-                        "problem": degraded.get(w), "load": dict(zip(LOAD_FIELDS,
+            stats = every.get(w, {})
+            status, reason = statuses.get(w, ("exact", None))
+            out.append({"id": n, "status": status, "reason": reason,
+                        "problem": reason if status == "degraded" else None,
+                        "load": dict(zip(LOAD_FIELDS,
                                                                      self._load_row(w))),
                         "routed": self._routed.get(w, 0),
                         "events": {k: x for k, x in stats.items()
                                    if isinstance(x, (int, float, str, type(None)))}})
         return 200, {"workers": out, "page_size": ix.page_size, "event_hash": ix.event_hash,
-                     "policy": self.policy, "pages": len(ix)}
+                     "policy": self.policy, "pages": len(ix),
+                     "checkpoint": dict(self.checkpoint_info, state_dir=self.state_dir,
+                                        load_error=self.load_error)}
 
     def _healthz(self, raw):
         ix = self.index
-        n, bad = len(ix.workers), len(ix.degraded)
+        # liveness: never waits for the index (a large apply holds its lock);
+        # the counts are those of the last instant it was free
+        if ix._lock.acquire(blocking=False):
+            try:
+                self._health = (len(ix.workers), len(ix.degraded))
+            finally:
+                ix._lock.release()
+        n, bad = self._health
         sub = self.subscriber
         events_ok = sub is None or getattr(sub, "running", True)
         # a stopped feed means a stale index: 503, so a probe reading only the status sees it
         return 200 if events_ok else 503, {"status": "ok" if events_ok else "events stopped", "workers": n,
                      "degraded": bad, "uptime_seconds": round(time.time() - self.started, 3)}
+
+    def _snapshot(self, raw):
+        """The current checkpoint as a tar of its directory (a fresh one
+        when the service keeps no state directory)."""
+        from .checkpoint import save
+        buf = io.BytesIO()
+        with self._ckpt_lock:
+            if self.state_dir is not None and os.path.isdir(self.state_dir):
+                src, tmp = self.state_dir, None
+            else:
+                tmp = tempfile.mkdtemp(prefix="radix-soa-snapshot-")
+                src = os.path.join(tmp, "state")
+                save(src, *self._consistent_copy()[:2])
+            try:
+                with tarfile.open(fileobj=buf, mode="w") as tar:
+                    for name in sorted(os.listdir(src)):
+                        tar.add(os.path.join(src, name), arcname=name, recursive=False)
+            finally:
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        return 200, buf.getvalue()
+
+    def _consistent_copy(self):
+        """``(state, positions, copy seconds)``: the index copied with the
+        stream positions of the same instant."""
+        from .checkpoint import snapshot
+        t0 = time.perf_counter()
+        sub = self.subscriber
+        if sub is not None and hasattr(sub, "positions") and not getattr(sub, "_closed", False):
+            state, positions = sub.positions(lambda: snapshot(self.index))
+        else:
+            state, positions = snapshot(self.index), {}
+        return state, positions, time.perf_counter() - t0
+
+    def checkpoint(self):
+        """Write a checkpoint to ``state_dir`` now (``ValueError`` without
+        one): the index copied at one instant with the stream positions,
+        then written aside and renamed into place. Returns
+        ``checkpoint_info``."""
+        from .checkpoint import save
+        if self.state_dir is None:
+            raise ValueError("the service has no state_dir to checkpoint to")
+        with self._ckpt_lock:
+            state, positions, copy_s = self._consistent_copy()
+            out = save(self.state_dir, state, positions)
+            info = self.checkpoint_info
+            info.update(count=info["count"] + 1, bytes=out["bytes"],
+                        write_seconds=round(out["seconds"], 6), copy_seconds=round(copy_s, 6),
+                        at=time.time(), error=None)
+            return dict(info)
+
+    def _checkpoints(self):
+        while not self._ckpt_stop.wait(self.checkpoint_every):
+            try:
+                self.checkpoint()
+            except Exception as exc:  # a full disk must not stop the service
+                self.checkpoint_info["error"] = f"{type(exc).__name__}: {exc}"
+
+    def _readyz(self, raw):
+        """200 when every worker is exact (and the feed runs), else 503 with
+        the workers that are not and why."""
+        sub = self.subscriber
+        events_ok = sub is None or getattr(sub, "running", True)
+        statuses = self.index.statuses()
+        v = self._current(list(statuses))
+        waiting = [{"id": n, "status": st[0], "reason": st[1]}
+                   for n, st in zip(v.names, statuses.values()) if st[0] != "exact"]
+        ready = events_ok and not waiting
+        out = {"ready": ready, "workers": len(statuses), "not_exact": waiting}
+        if not events_ok:
+            out["error"] = "events stopped"
+        return (200 if ready else 503), out
 
     def metrics_text(self):
         """The Prometheus text of ``/metrics``."""
@@ -370,7 +550,8 @@ class RouterService:
         wl = [(n, w, f'worker="{label(n)}"') for n, w in zip(v.names, v.ids)]
         out += family(p + "routed_total", "counter", "Requests routed to each worker",
                       [(lab, self._routed.get(w, 0)) for n, w, lab in wl])
-        stats = {w: self._event_stats(w) for _, w, _ in wl}
+        every = self._event_stats()
+        stats = {w: every.get(w, {}) for _, w, _ in wl}
         for name, key, what in (("events_applied_total", "events", "KV events applied"),
                                 ("event_batches_total", "batches", "event batches applied"),
                                 ("event_gaps_total", "gaps", "gaps in the batch numbers seen"),
@@ -384,12 +565,20 @@ class RouterService:
                       [(lab, stats[w].get("posted_events", 0)) for n, w, lab in wl])
         out += family(p + "worker_degraded", "gauge", "1 if the worker's pages are not known "
                       "exactly", [(lab, int(w in degraded)) for n, w, lab in wl])
+        statuses = ix.statuses()
+        out += family(p + "worker_status", "gauge", "1 for each worker's status (exact, "
+                      "syncing, degraded), its reason beside", [
+                          (f'{lab},status="{statuses.get(w, ("exact", None))[0]}",reason="'
+                           f'{label(cut(statuses.get(w, ("exact", None))[1] or "", 200))}"', 1)
+                          for n, w, lab in wl])
         out += family(p + "worker_load", "gauge", "The load each worker was told to have",
                       [(f'{lab},kind="{k}"', x) for n, w, lab in wl
                        for k, x in zip(LOAD_FIELDS, self._load_row(w))])
         out += family(p + "workers", "gauge", "Registered workers", [("", len(v.ids))])
         out += family(p + "degraded_workers", "gauge", "Degraded workers",
                       [("", len(degraded))])
+        out += family(p + "syncing_workers", "gauge", "Workers not confirmed yet (syncing)",
+                      [("", sum(st[0] == "syncing" for st in statuses.values()))])
         out += family(p + "index_bytes", "gauge", "Bytes of the index's arrays",
                       [("", mem["bytes"])])
         out += family(p + "index_pages", "gauge", "Distinct pages some worker holds",
@@ -404,6 +593,7 @@ class RouterService:
         return {"/overlap": ("POST", self._overlap), "/route": ("POST", self._route),
                 "/load": ("POST", self._load), "/events": ("POST", self._events),
                 "/workers": ("GET", self._workers), "/healthz": ("GET", self._healthz),
+                "/readyz": ("GET", self._readyz), "/snapshot": ("GET", self._snapshot),
                 "/metrics": ("GET", self._metrics)}
 
     async def __call__(self, scope, receive, send):
@@ -413,34 +603,61 @@ class RouterService:
         t0 = time.perf_counter()
         path = scope["path"]
         entry = self._routes.get(path)
+        limit = self.max_body
+        declared = None
+        for k, val in scope.get("headers", ()):
+            if k == b"content-length":
+                try:
+                    declared = int(val)
+                except ValueError:
+                    declared = None
         chunks = []
         size = 0
-        while True:  # the whole body, bounded
-            m = await receive()
-            if m["type"] == "http.disconnect":
-                return
-            part = m.get("body", b"")
-            size += len(part)
-            if size <= MAX_BODY:
+        if declared is None or declared <= limit:
+            while True:  # the whole body, bounded: reading stops past the limit
+                m = await receive()
+                if m["type"] == "http.disconnect":
+                    return
+                part = m.get("body", b"")
+                size += len(part)
+                if size > limit:
+                    break
                 chunks.append(part)
-            if not m.get("more_body"):
-                break
+                if not m.get("more_body"):
+                    break
+        else:
+            size = declared  # refused before it is read
         extra = []
         if entry is None:
-            status, out = 404, {"error": f"no endpoint {path[:100]}; the endpoints are "
+            status, out = 404, {"error": f"no endpoint {cut(path, 100)}; the endpoints are "
                                          f"{', '.join(ENDPOINTS)}"}
         elif scope["method"] != entry[0]:
             status, out = 405, {"error": f"{path} takes {entry[0]}"}
             extra = [(b"allow", entry[0].encode())]
-        elif size > MAX_BODY:
-            status, out = 413, {"error": f"the body is larger than {MAX_BODY} bytes"}
+        elif size > limit:
+            status, out = 413, {"error": f"the body is larger than {limit} bytes"}
+            extra = [(b"connection", b"close")]
         else:
-            try:
-                status, out = entry[1](chunks[0] if len(chunks) == 1 else b"".join(chunks))
-            except BadRequest as e:
-                status, out = 400, {"error": " ".join(str(e).split())}
+            body = chunks[0] if len(chunks) == 1 else chunks  # joined where it is handled
+            if path in ("/events", "/snapshot") or size > OFF_LOOP:
+                # parsed and applied in one thread beside the loop: others are answered
+                heavy = size > OFF_LOOP
+                self._heavy += heavy
+                try:
+                    status, out = await asyncio.get_running_loop().run_in_executor(
+                        self._pool(), self._handle, entry[1], body, heavy)
+                finally:
+                    self._heavy -= heavy
+            elif self._heavy and path != "/healthz":
+                # the index may be held by that write: wait for it in a thread
+                status, out = await asyncio.get_running_loop().run_in_executor(
+                    self._read_pool(), self._handle, entry[1], body)
+            else:
+                status, out = self._handle(entry[1], body)
         if isinstance(out, str):
             payload, ctype = out.encode(), _TEXT
+        elif isinstance(out, bytes):
+            payload, ctype = out, _TAR
         else:
             payload, ctype = _dumps(out), _JSON
         await send({"type": "http.response.start", "status": status,
@@ -451,6 +668,34 @@ class RouterService:
         self._counts[key] = self._counts.get(key, 0) + 1
         if entry is not None:
             self._hist[path].observe(time.perf_counter() - t0)
+
+    @staticmethod
+    def _handle(handler, body, heavy=False):
+        # a large body makes objects by the million: the cyclic collector's
+        # passes over them would hold the GIL for 100s of ms (the event loop
+        # waits), and reference counting frees them anyway
+        collecting = heavy and gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            return handler(body if isinstance(body, bytes) else b"".join(body))
+        except BadRequest as e:
+            return 400, {"error": cut(" ".join(str(e)[:4096].split()), 1024)}
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _pool(self):
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="radix-soa-router-body")
+        return self._executor
+
+    def _read_pool(self):
+        if self._readers is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._readers = ThreadPoolExecutor(4, thread_name_prefix="radix-soa-router-read")
+        return self._readers
 
     def _warm(self):
         """Compile (or load) the kernels a route runs before the first one."""
@@ -520,18 +765,37 @@ class RouterService:
             except BaseException:
                 self.stop()  # no server left answering from an index nothing feeds
                 raise
+        if self.state_dir is not None:
+            self._ckpt_stop.clear()
+            self._ckpt_thread = threading.Thread(target=self._checkpoints, daemon=True,
+                                                 name="radix-soa-router-checkpoint")
+            self._ckpt_thread.start()
         return self
 
     def stop(self):
-        """Stop serving and the subscriber; waits for the thread."""
+        """Stop serving and the subscriber (a last checkpoint written, with
+        ``state_dir``); waits for the threads."""
+        if self._ckpt_thread is not None:
+            self._ckpt_stop.set()
+            self._ckpt_thread.join(60)
+            self._ckpt_thread = None
         if self.subscriber is not None:
             self.subscriber.stop()
-            if self._owns_subscriber:
-                self.subscriber.close()
+        if self.state_dir is not None and self._thread is not None:
+            try:
+                self.checkpoint()  # a clean stop: the state as it ends
+            except Exception as exc:
+                self.checkpoint_info["error"] = f"{type(exc).__name__}: {exc}"
+        if self.subscriber is not None and self._owns_subscriber:
+            self.subscriber.close()
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(30)
             self._thread = None
+        for pool in (self._executor, self._readers):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._executor = self._readers = None
 
     def serve_forever(self, host="127.0.0.1", port=8000, announce=None):
         """Serve until SIGINT or SIGTERM (the command line; from the main

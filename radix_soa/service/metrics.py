@@ -14,6 +14,7 @@ lat_seconds_count{endpoint="/route"} 2
 """
 
 import bisect
+import re
 
 __all__ = ["Histogram", "LATENCY_BUCKETS", "label", "family"]
 
@@ -22,9 +23,18 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
                    0.25, 0.5, 1.0)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def label(value):
-    """A label value escaped (backslash, double quote, newline)."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    r"""A label value escaped as the text format requires (backslash, double
+    quote, newline), a lone surrogate (no UTF-8 for it) as U+FFFD.
+
+    >>> label('a"b\\c\nd\udc80') == 'a\\"b\\\\c\\nd\ufffd'
+    True
+    """
+    text = _SURROGATE.sub("\ufffd", str(value))
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def family(name, kind, help_text, samples):

@@ -11,12 +11,14 @@ radix_soa.service.schema.BadRequest: tokens must be a list of integers in [-2**6
 """
 
 import json
+import re
 
 import numpy as np
 
 from .._kernels import text as text_kernels
 
-__all__ = ["BadRequest", "parse_body", "read_tokens", "tokens_of", "namespace_of", "loads_of", "LOAD_FIELDS"]
+__all__ = ["cut", "shown", "BadRequest", "parse_body", "read_tokens", "tokens_of",
+           "namespace_of", "loads_of", "LOAD_FIELDS"]
 
 # what a worker's load holds (all counts >= 0): outstanding requests and
 # their tokens (least_loaded, cache_aware's balance), KV blocks held by
@@ -25,14 +27,57 @@ LOAD_FIELDS = ("requests", "tokens", "active_blocks", "prefill_tokens")
 MAX_LOAD = 1 << 53  # exact in a JSON number
 
 
+CUT = 200  # characters of a bad value an error message shows
+
+
+def cut(text, limit=CUT):
+    """``text`` (a str) cut to ``limit`` characters, saying its length if cut.
+
+    >>> cut("x" * 300, 10)
+    'xxxxxxxxxx... (300 characters)'
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shown(value, limit=CUT):
+    """``repr(value)`` for an error message, cut to ``limit`` characters
+    (a long str or list is cut before its repr is made).
+
+    >>> shown("ab"), shown(list(range(1000)), 12)
+    ("'ab'", '[0, 1, 2, 3,... (1000 items)')
+    """
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    if isinstance(value, (list, tuple, dict)) and len(value) > limit // 2:
+        head = (dict(list(value.items())[:limit // 2]) if isinstance(value, dict)
+                else value[:limit // 2])
+        return f"{cut(repr(head), limit)[:limit]}... ({len(value)} items)"
+    return cut(repr(value), limit)
+
+
 class BadRequest(ValueError):
     """A request body the service refuses (HTTP 400)."""
 
 
-def parse_body(raw):
-    """The JSON object in ``raw`` (bytes)."""
+STREAM_FROM = 1 << 20  # bytes: a larger body's lists are read item by item
+
+
+def parse_body(raw, *, stream=()):
+    """The JSON object in ``raw`` (bytes). A body over ``STREAM_FROM`` bytes
+    has the lists under the keys in ``stream`` read one item at a time, so
+    the thread parsing it lets others run between items (one ``json.loads``
+    of a large body holds the GIL throughout).
+
+    >>> parse_body(b'{"events": [{"a": 1}, 2], "x": null}', stream=("events",))
+    {'events': [{'a': 1}, 2], 'x': None}
+    """
     try:
-        body = json.loads(raw)
+        if stream and len(raw) > STREAM_FROM:
+            body = _parse_streaming(raw, stream)
+        else:
+            body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadRequest(f"the body is not JSON: {msg}") from None
@@ -41,6 +86,59 @@ def parse_body(raw):
     if not isinstance(body, dict):
         raise BadRequest(f"the body must be a JSON object; got {_kind(body)}")
     return body
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _parse_streaming(raw, stream):
+    """``json.loads(raw)`` for an object, the lists under ``stream`` keys
+    decoded item by item (``ValueError`` as ``json.loads`` raises it)."""
+    text = raw.decode("utf-8") if not isinstance(raw, str) else raw
+    dec = json.JSONDecoder()
+    ws = _WS.match
+
+    def expect(i, chars):
+        i = ws(text, i).end()
+        if i >= len(text) or text[i] not in chars:
+            raise ValueError(f"expected {' or '.join(map(repr, chars))} at char {i}")
+        return i
+
+    i = ws(text, 0).end()
+    if not text.startswith("{", i):
+        return json.loads(text)  # not an object: said by the caller
+    i += 1
+    out = {}
+    if text[expect(i, "}\"")] == "}":
+        i = expect(i, "}") + 1
+    else:
+        while True:
+            i = expect(i, "\"")
+            key, i = dec.raw_decode(text, i)
+            i = expect(i, ":") + 1
+            i = ws(text, i).end()
+            if key in stream and text.startswith("[", i):
+                items = []
+                i += 1
+                if text[expect(i, "]\"{[-0123456789tfnNI")] == "]":
+                    i = expect(i, "]") + 1
+                else:
+                    while True:
+                        v, i = dec.raw_decode(text, ws(text, i).end())
+                        items.append(v)
+                        i = expect(i, ",]")
+                        i += 1
+                        if text[i - 1] == "]":
+                            break
+                out[key] = items
+            else:
+                out[key], i = dec.raw_decode(text, i)
+            i = expect(i, ",}") + 1
+            if text[i - 1] == "}":
+                break
+    if ws(text, i).end() != len(text):
+        raise ValueError(f"extra data at char {i}")
+    return out
 
 
 def _kind(v):
@@ -52,7 +150,7 @@ def _kind(v):
 def check_keys(body, allowed):
     extra = [k for k in body if k not in allowed]
     if extra:
-        raise BadRequest(f"unknown field {extra[0]!r}; the fields are {', '.join(allowed)}")
+        raise BadRequest(f"unknown field {shown(extra[0])}; the fields are {', '.join(allowed)}")
 
 
 def tokens_of(body, field="tokens", maybe_bool=True):
@@ -112,19 +210,19 @@ def loads_of(value, names, field="loads", delta=False):
     out = {}
     for name, load in value.items():
         if name not in names:
-            raise BadRequest(f"{field}: unknown worker {name!r}")
+            raise BadRequest(f"{field}: unknown worker {shown(name)}")
         if not isinstance(load, dict):
-            raise BadRequest(f"{field}[{name!r}] must be an object of "
+            raise BadRequest(f"{field}[{shown(name)}] must be an object of "
                              f"{', '.join(LOAD_FIELDS)}; got {_kind(load)}")
         one = {}
         for k, v in load.items():
             if k not in LOAD_FIELDS:
-                raise BadRequest(f"{field}[{name!r}]: unknown field {k!r}; the fields are "
-                                 f"{', '.join(LOAD_FIELDS)}")
+                raise BadRequest(f"{field}[{shown(name)}]: unknown field {shown(k)}; the fields "
+                                 f"are {', '.join(LOAD_FIELDS)}")
             lo = -MAX_LOAD if delta else 0
             if type(v) is not int or not lo <= v <= MAX_LOAD:
-                raise BadRequest(f"{field}[{name!r}][{k!r}] must be an integer in "
-                                 f"[{'-2**53' if delta else '0'}, 2**53]; got {v!r}")
+                raise BadRequest(f"{field}[{shown(name)}][{shown(k)}] must be an integer in "
+                                 f"[{'-2**53' if delta else '0'}, 2**53]; got {shown(v)}")
             one[k] = v
         out[name] = one
     return out
@@ -135,7 +233,7 @@ def number_of(body, field, default, minimum=None):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or \
             (minimum is not None and v < minimum):
         raise BadRequest(f"{field} must be a number"
-                         f"{'' if minimum is None else f' >= {minimum}'}; got {v!r}")
+                         f"{'' if minimum is None else f' >= {minimum}'}; got {shown(v)}")
     return v
 
 
