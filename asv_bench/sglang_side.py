@@ -708,8 +708,7 @@ def _where_the_time_goes(S, best, ops, repeat):
           f"hit {gap[1]:.1f}, partial hit {gap[2]:.1f}; of it, SGLang's RadixKey + Params "
           f"built in the loop: {cost['ins']:.2f} (insert) / {cost['mat']:.2f} (match), a torch "
           f"tensor over the indices {cost['ten']:.2f}; the rest is the adapter's own Python "
-          "(key and value views, the Node handle, the result objects, the token copy an insert "
-          "result's node keeps)")
+          "(key and value views, the Node handle, the result objects)")
 
 
 def multi_turn_requests(n=2000, conversations=300):

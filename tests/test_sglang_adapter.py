@@ -789,3 +789,14 @@ def test_keys_stay_resizable_after_every_call():
     c.path_device_indices(c.insert(InsertParams(key=k, value=None)).last_device_node)
     tokens.extend([6, 7])
     assert m.device_prefix_len == 4 and len(tokens) == 7
+
+
+def test_uint64_index_tensors_above_int64_are_refused():
+    """A torch uint64 tensor of KV indices holding 2^64 - 1 (slot -1 once
+    wrapped): an OverflowError naming it, the cache unchanged."""
+    c = SGLangPrefixCache.create_simulated(mock_allocator=Frees())
+    insert(c, [1, 2], [10, 20])
+    value = torch.tensor([5, (1 << 64) - 1, 6], dtype=torch.uint64)
+    with pytest.raises(OverflowError, match=f"params.value holds {(1 << 64) - 1}"):
+        c.insert(InsertParams(key=key([1, 2, 3]), value=value))
+    assert sizes(c) == (2, 0, 2) and match(c, [1, 2, 3])[:2] == (2, [10, 20])
