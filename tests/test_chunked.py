@@ -156,3 +156,19 @@ def test_progress_slices_cut_across_chunks(monkeypatch):
     assert rc.match_length_batch(col, progress=lambda d, t: None).tolist() == \
         [len(s) for s in seqs]
     assert stored_set(rc) == ref.sorted()
+
+
+def test_chunks_whose_values_are_a_slice_of_a_larger_buffer():
+    values = pa.array(np.arange(100), pa.int32())
+    a = pa.ListArray.from_arrays(pa.array([0, 3, 5, 9], pa.int32()), values.slice(7))
+    b = pa.ListArray.from_arrays(pa.array([2, 4, 10], pa.int32()), values.slice(50))
+    col = pa.chunked_array([a, b])
+    (table,) = B.as_batches(col, chunks=True)
+    assert isinstance(table, Chunks)
+    seqs = col.to_pylist()
+    assert seqs[0] == [7, 8, 9] and seqs[-1] == [54, 55, 56, 57, 58, 59]
+    rc = rs.RadixCache()
+    assert rc.insert_batch(col).all()
+    assert stored_set(rc) == sorted(map(tuple, seqs))
+    queries = pa.chunked_array([pa.array([[7, 8, 9, 1]]), pa.array([[54, 55, 56, 57, 58, 59, 0]])])
+    assert rc.match_length_batch(queries).tolist() == [3, 6]
