@@ -145,6 +145,7 @@ class RouterIndex(ReadersWriter):
             "max_bytes", max_bytes, minimum=MIN_BYTES)
         self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
         self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
+        self._hmaps = {}       # column -> its handle map (engine hash -> page key)
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
         self._order = []       # the worker ids in the order they were registered
@@ -193,6 +194,11 @@ class RouterIndex(ReadersWriter):
     _bit = staticmethod(storage._bit)
     _columns_changed = storage._columns_changed
     memory_report = storage.memory_report
+    _new_handles = storage._new_handles
+    _handle_room = storage._handle_room
+    _handle_bytes = storage._handle_bytes
+    _handle_put = storage._handle_put
+    _handle_del = storage._handle_del
 
     # ------------------------------------------------------------ events (events.py)
     _parse = events._parse
@@ -202,6 +208,9 @@ class RouterIndex(ReadersWriter):
     _apply_lenient = events._apply_lenient
     _apply_one = events._apply_one
     _keys_of = events._keys_of
+    _apply_keys = events._apply_keys
+    _tokens_of = events._tokens_of
+    _extras = events._extras
     _undo = events._undo
     _add = events._add
     _drop_held = events._drop_held
@@ -217,6 +226,7 @@ class RouterIndex(ReadersWriter):
     # ------------------------------------------------------------ queries (queries.py)
     _page_keys = queries._page_keys
     _seed = queries._seed
+    _query_seed = queries._query_seed
     _res_size = staticmethod(queries._res_size)
     overlap = queries.overlap
     overlap_scores = queries.overlap_scores

@@ -1,0 +1,169 @@
+"""The router index's page keys from tokens, and each worker's handle map.
+
+A page is keyed by the index's own chained hash of its tokens
+(``page_hash``), whatever hash the engine that cached it uses: ``key[i] =
+page_hash(fold(key[i - 1], extra[i]), page i)`` from the namespace's seed
+(or the parent page's key), where ``extra[i]`` is the hash of the page's
+extra keys (0: none; ``fold`` is then the identity). The engine's block hash
+is only a handle: per worker, an open-addressing map from the engine's hash
+(its low 64 bits) to the page's key, used to resolve ``BlockRemoved`` and
+``parent_block_hash``. A page whose engine hash *is* its key (a radix_soa
+``PrefixCache``'s own ``fast64`` events) needs no entry: a hash the map
+lacks stands for itself.
+
+The map (``hk``, ``hv`` uint64, a power of two long or empty, load <= 3/4,
+sized by the class): ``hk`` the engine hash (0 marks an empty slot; a hash
+of 0 is stored as ``ZERO``), ``hv`` the key. The class counts the entries
+(``hx_put_all`` and ``hx_del_all`` return how many they added or dropped).
+"""
+
+import numpy as np
+
+from .chain import page_hash
+from .config import kernel
+from .table import mix64
+
+ZERO = np.uint64(0x9E3779B97F4A7C15)  # the stored form of an engine hash of 0
+
+
+@kernel
+def fold(h, x):
+    """``h`` with extra-key hash ``x`` folded in (``x == 0``: ``h``)."""
+    if x == 0:
+        return h
+    return mix64(h ^ mix64(x))
+
+
+@kernel
+def token_keys(tokens, ts, page, prev, extras, out):
+    """The keys of the ``out.shape[0]`` pages of ``tokens[ts:]`` after a
+    page of key ``prev`` (or from a namespace seed), ``extras`` per page
+    (empty: none)."""
+    has_x = extras.shape[0] > 0
+    for i in range(out.shape[0]):
+        if has_x:
+            prev = fold(prev, extras[i])
+        prev = page_hash(prev, tokens, ts + i * page, page)
+        out[i] = prev
+
+
+@kernel
+def _stored(e):
+    return ZERO if e == 0 else e
+
+
+@kernel
+def hx_slot(hk, e):
+    """The slot of engine hash ``e`` (stored form), or of the empty slot
+    where it would go."""
+    mask = hk.shape[0] - 1
+    i = np.int64(mix64(e) & np.uint64(mask))
+    while True:
+        k = hk[i]
+        if k == e or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@kernel
+def hx_key(hk, hv, e):
+    """The key of engine hash ``e``: its entry's, or ``e`` itself."""
+    if hk.shape[0] == 0:
+        return e
+    s = _stored(e)
+    i = hx_slot(hk, s)
+    return hv[i] if hk[i] == s else e
+
+
+@kernel
+def hx_keys(hk, hv, es, out, had):
+    """``hx_key`` of each of ``es`` into ``out``; ``had[i]`` 1 if it had an entry."""
+    if hk.shape[0] == 0:
+        for j in range(es.shape[0]):
+            out[j] = es[j]
+            had[j] = 0
+        return
+    for j in range(es.shape[0]):
+        s = _stored(es[j])
+        i = hx_slot(hk, s)
+        if hk[i] == s:
+            out[j] = hv[i]
+            had[j] = 1
+        else:
+            out[j] = es[j]
+            had[j] = 0
+
+
+@kernel
+def hx_put(hk, hv, e, v):
+    """Map engine hash ``e`` to key ``v`` (none needed when equal: any
+    entry of ``e`` is dropped); +1 for an entry added, -1 for one dropped,
+    else 0. The class made room first (an empty map: only equal pairs)."""
+    if e == v:
+        return -hx_del(hk, hv, e)
+    s = _stored(e)
+    i = hx_slot(hk, s)
+    hv[i] = v
+    if hk[i] == 0:
+        hk[i] = s
+        return 1
+    return 0
+
+
+@kernel
+def hx_put_all(hk, hv, es, vs):
+    """``hx_put`` of each pair; the change in the number of entries."""
+    n = 0
+    for j in range(es.shape[0]):
+        n += hx_put(hk, hv, es[j], vs[j])
+    return n
+
+
+@kernel
+def hx_del(hk, hv, e):
+    """Drop the entry of engine hash ``e``, if any (backward-shift
+    deletion); 1 if there was one."""
+    if hk.shape[0] == 0:
+        return 0
+    s = _stored(e)
+    i = hx_slot(hk, s)
+    if hk[i] == 0:
+        return 0
+    mask = hk.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = hk[j]
+        if k == 0:
+            break
+        home = np.int64(mix64(k) & np.uint64(mask))
+        if i <= j:
+            movable = home <= i or home > j
+        else:
+            movable = home <= i and home > j
+        if movable:
+            hk[i] = k
+            hv[i] = hv[j]
+            i = j
+    hk[i] = 0
+    return 1
+
+
+@kernel
+def hx_del_all(hk, hv, es):
+    """``hx_del`` of each of ``es``; how many entries it dropped."""
+    n = 0
+    for j in range(es.shape[0]):
+        n += hx_del(hk, hv, es[j])
+    return n
+
+
+@kernel
+def hx_rebuild(hk, hv, ok, ov):
+    """Fill the empty map ``hk``/``hv`` with the entries of ``ok``/``ov``."""
+    for j in range(ok.shape[0]):
+        k = ok[j]
+        if k != 0:
+            i = hx_slot(hk, k)
+            hk[i] = k
+            hv[i] = ov[j]
