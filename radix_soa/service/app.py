@@ -64,15 +64,16 @@ from .._events.kv_events import EventError, namespace_seed
 from ..router_index import rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
-from .schema import (LOAD_FIELDS, BadRequest, check_keys, loads_of, namespace_of, parse_body,
-                     read_tokens)
+from .schema import (LOAD_FIELDS, BadRequest, batch_of, check_keys, keys_of, loads_of,
+                     namespace_of, parse_body, read_tokens)
 
 __all__ = ["RouterService", "POLICIES"]
 
 POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
 ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/metrics")
-ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
+OVERLAP_FIELDS = ("tokens", "namespace", "lora_name", "extra_keys")
+ROUTE_FIELDS = OVERLAP_FIELDS + ("policy", "loads")
 MAX_BODY = 64 << 20
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
@@ -225,19 +226,41 @@ class RouterService:
 
     # ------------------------------------------------------------ handlers
     def _overlap(self, raw):
-        body, tokens = read_tokens(raw, ("tokens", "namespace"))
-        rep = self.index.overlap_report(tokens, namespace_of(body))
+        if b'"batch"' in raw:  # (only then: the one-list body keeps its fast path)
+            body = parse_body(raw)
+            if "batch" in body:
+                return self._overlap_batch(body)
+        body, tokens = read_tokens(raw, OVERLAP_FIELDS)
+        lora, extra = keys_of(body)
+        rep = self.index.overlap_report(tokens, namespace_of(body), lora_name=lora,
+                                        extra_keys=extra)
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
                      "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded]}
 
+    def _overlap_batch(self, body):
+        """``POST /overlap`` of a waiting queue: ``{"batch": [tokens, ...]}``
+        scored against every worker in one kernel call."""
+        check_keys(body, ("batch",) + OVERLAP_FIELDS[1:])
+        rows = batch_of(body)
+        lora, extra = keys_of(body)
+        with self.index._lock:  # the columns and the degraded set at the instant of the scores
+            ids = self.index.workers
+            degraded = set(self.index.degraded)
+        scores = self.index.overlap_batch(rows, namespace_of(body), lora_name=lora,
+                                          extra_keys=extra)
+        v = self._current(ids)
+        return 200, {"workers": v.names, "overlaps": scores.tolist(),
+                     "degraded": [n for n, w in zip(v.names, v.ids) if w in degraded]}
+
     def _route(self, raw):
         body, tokens = read_tokens(raw, ROUTE_FIELDS)
         ns = namespace_of(body)
+        lora, extra = keys_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
             raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-        rep = self.index.overlap_report(tokens, ns)
+        rep = self.index.overlap_report(tokens, ns, lora_name=lora, extra_keys=extra)
         v = self._current(list(rep.scores))
         if not v.ids:
             return 503, {"error": "no workers are registered"}
