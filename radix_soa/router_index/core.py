@@ -210,6 +210,7 @@ class RouterIndex(ReadersWriter):
     _keys_of = events._keys_of
     _apply_keys = events._apply_keys
     _tokens_of = events._tokens_of
+    _seen_for = events._seen_for
     _extras = events._extras
     _undo = events._undo
     _add = events._add

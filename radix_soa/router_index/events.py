@@ -227,7 +227,7 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
         parents = np.empty(n, np.uint64)
         hasp = np.empty(n, np.int8)
         if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                        self._meta, w, bit, hashes, codes, parents, hasp) < 0:
+                        self._meta, w, bit, hashes, codes, parents, hasp, self._seen_for(n)) < 0:
             if undo is not None:
                 undo.append((_ADD, w, bit, hashes, parents, hasp))
             return None
@@ -235,13 +235,13 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
         self._reserve(n)
         where, bad = router_kernels.rx_store(self._table, self._keys, self._pkeys, self._flags,
                                  self._masks, self._meta, w, bit, hashes, parent, has_parent,
-                                 self._stamps, codes)
+                                 self._stamps, codes, self._seen_for(n))
         if where == router_kernels.P_HELD and bad < 0:
             if undo is not None:
                 undo.append((_DROP, w, bit, hashes))
             return None
     where = router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                           w, bit, hashes, parent, has_parent, stored, codes)
+                           w, bit, hashes, parent, has_parent, stored, codes, self._seen_for(n))
     forgot = int(self._forgot[col])
     if not stored:
         # a removal of a page the budget forgot: gone from the index, or
@@ -307,6 +307,17 @@ def _keys_of(self, block_hashes):
     return np.array([key64(h) for h in block_hashes], np.uint64)
 
 
+def _seen_for(self, n):
+    """``rx_classify``'s scratch set for ``n`` hashes: empty for one, else
+    at least 2n slots (kept, all zero between calls; not part of the index's bytes)."""
+    if n <= 1:
+        return _NO_EXTRAS
+    seen = self.__dict__.get("_seen")
+    if seen is None or seen.shape[0] < 2 * n:
+        seen = self.__dict__["_seen"] = np.zeros(1 << (2 * n - 1).bit_length(), np.uint64)
+    return seen
+
+
 def _tokens_of(self, e):
     """A stored run's tokens as int64 (checked ints already)."""
     try:
@@ -356,7 +367,7 @@ def _drop_held(self, w, bit, hashes):
     (an undo: the budget may have forgotten some meanwhile)."""
     codes = np.empty(hashes.shape[0], np.int8)
     router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks, w, bit,
-                   hashes, np.uint64(0), False, False, codes)
+                   hashes, np.uint64(0), False, False, codes, self._seen_for(hashes.shape[0]))
     held = hashes[codes == router_kernels.C_OK]
     parents = np.empty(held.shape[0], np.uint64)
     hasp = np.empty(held.shape[0], np.int8)
