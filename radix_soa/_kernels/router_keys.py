@@ -19,8 +19,10 @@ of 0 is stored as ``ZERO``), ``hv`` the key. The class counts the entries
 
 import numpy as np
 
+from . import wire
 from .chain import page_hash
 from .config import kernel
+from .router import C_OK, P_HELD, _add_one, rx_classify, rx_drop
 from .table import mix64
 
 ZERO = np.uint64(0x9E3779B97F4A7C15)  # the stored form of an engine hash of 0
@@ -167,3 +169,65 @@ def hx_rebuild(hk, hv, ok, ov):
             i = hx_slot(hk, k)
             hk[i] = k
             hv[i] = ov[j]
+
+
+@kernel
+def rx_apply_events(table, keys, pkeys, flags, masks, meta, word, bit, hk, hv, seen, ev,
+                    hashes, tokens, extras, seeds, page, start, wanted, keys_out, parents_out,
+                    hasp_out, had_out, codes, hcount):
+    """Apply events ``start..`` of a wire batch (``wire.read_batch``'s
+    ``ev``, ``hashes``, ``tokens``; ``extras`` per page, ``seeds`` per
+    event, ``wanted`` 0 to skip one) for worker ``(word, bit)`` while each
+    applies as it is (a stored run under a parent the worker holds, every
+    page new to it; a removal of pages it holds): pages keyed by their
+    tokens, the handle map ``hk``/``hv`` kept (``hcount[0]`` += its change).
+    What each did goes to ``keys_out`` (its pages' keys), ``parents_out``,
+    ``hasp_out`` (a removal's pages' parents), ``had_out`` (1: the handle
+    had an entry), so the class can undo it. Returns the first event that
+    does not apply as it is (``AllBlocksCleared`` among them: the class
+    applies it), or the number of events. The class made room for every
+    stored page (nodes, table, handle map)."""
+    n = ev.shape[0]
+    for e in range(start, n):
+        if wanted[e] == 0:
+            continue
+        kind = ev[e, wire.E_KIND]
+        if kind == wire.K_CLEARED:
+            return e
+        h0, hn = ev[e, wire.E_H0], ev[e, wire.E_HN]
+        eh = hashes[h0:h0 + hn]
+        ks = keys_out[h0:h0 + hn]
+        cs = codes[h0:h0 + hn]
+        sc = seen if hn > 1 else seen[:0]
+        if kind == wire.K_STORED:
+            hasp = ev[e, wire.E_HASP] == 1
+            if hasp:
+                parent = hx_key(hk, hv, np.uint64(ev[e, wire.E_PARENT]))
+            else:
+                parent = seeds[e]
+            x = extras[h0:h0 + hn] if extras.shape[0] > 0 else extras
+            token_keys(tokens, ev[e, wire.E_T0], page, parent, x, ks)
+            where = rx_classify(table, keys, pkeys, flags, masks, word, bit, ks, parent, hasp,
+                                True, cs, sc)
+            if where != P_HELD:
+                return e
+            for j in range(hn):
+                if cs[j] != C_OK:
+                    return e
+            before, hp = parent, np.int8(1 if hasp else 0)
+            for j in range(hn):
+                _add_one(table, keys, pkeys, flags, masks, meta, word, bit, ks[j], before, hp)
+                before, hp = ks[j], np.int8(1)
+                if eh[j] != ks[j]:
+                    hcount[0] += hx_put(hk, hv, eh[j], ks[j])
+        else:
+            hx_keys(hk, hv, eh, ks, had_out[h0:h0 + hn])
+            rx_classify(table, keys, pkeys, flags, masks, word, bit, ks, np.uint64(0), False,
+                        False, cs, sc)
+            for j in range(hn):
+                if cs[j] != C_OK:
+                    return e
+            rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, ks,
+                    parents_out[h0:h0 + hn], hasp_out[h0:h0 + hn])
+            hcount[0] -= hx_del_all(hk, hv, eh)
+    return n

@@ -12,7 +12,7 @@ from .._tree.base import ReadersWriter
 from .._events.block_hash import check_event_hash, none_hash
 from .._events.kv_events import namespace_seed
 from .._input.validate import MAX_PAGE, check_int
-from . import events, queries, storage, workers as workers_
+from . import events, queries, storage, wire, workers as workers_
 from .queries import OverlapReport, SEEDS_KEPT
 from .storage import MIN_BYTES
 from .._kernels.router import X_LIVE
@@ -204,6 +204,7 @@ class RouterIndex(ReadersWriter):
     _parse = events._parse
     apply = events.apply
     apply_snapshot = events.apply_snapshot
+    _seq_check = events._seq_check
     _apply_strict = events._apply_strict
     _apply_lenient = events._apply_lenient
     _apply_one = events._apply_one
@@ -216,6 +217,14 @@ class RouterIndex(ReadersWriter):
     _add = events._add
     _drop_held = events._drop_held
     _clear = events._clear
+
+    # ------------------------------------------------------------ wire batches (wire.py)
+    apply_wire = wire.apply_wire
+    _wire_run = wire._run
+    _wire_strict = wire._wire_strict
+    _wire_lenient = wire._wire_lenient
+    _undo_run = wire.undo_run
+    _event_at = wire._event_at
 
     # ------------------------------------------------------------ workers (workers.py)
     add_worker = workers_.add_worker

@@ -74,15 +74,9 @@ def apply(self, worker, events, *, strict=None, seq=None):
         seq = check_int("seq", seq, minimum=0)
     parsed = self._parse(events)
     with self._writing:
-        last = self._seq.get(worker)
-        if seq is not None and last is not None and seq <= last:
+        skip, gap = self._seq_check(worker, seq, strict)
+        if skip:
             return  # a duplicate (or a batch older than one applied): skipped
-        gap = None
-        if seq is not None and last is not None and seq != last + 1:
-            gap = (f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never "
-                   "arrived")
-            if strict:
-                raise EventError(gap)
         new = worker not in self._cols
         col = self._column(worker, True)
         if strict:
@@ -93,6 +87,22 @@ def apply(self, worker, events, *, strict=None, seq=None):
             self._register(worker, col)
         if seq is not None:
             self._seq[worker] = seq
+
+
+def _seq_check(self, worker, seq, strict):
+    """``(skip, gap)`` of a call numbered ``seq``: skip a duplicate (or a
+    call older than one applied); a gap's problem (strict: raised)."""
+    last = self._seq.get(worker)
+    if seq is None or last is None:
+        return False, None
+    if seq <= last:
+        return True, None
+    if seq == last + 1:
+        return False, None
+    gap = f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never arrived"
+    if strict:
+        raise EventError(gap)
+    return False, gap
 
 
 def _apply_strict(self, worker, col, new, parsed, first=0):
@@ -354,8 +364,10 @@ def _undo(self, steps):
             self._hmaps[step[1]] = step[2]
         elif kind == _HDEL:
             self._handle_del(step[1], step[2])
-        else:
+        elif kind == _HPUT:
             self._handle_put(step[1], step[2], step[3])
+        else:  # a run of events apply_wire's kernel applied
+            self._undo_run(*step[1:])
 
 def _add(self, w, bit, hashes, parents, hasp):
     self._reserve(hashes.shape[0])
