@@ -615,7 +615,7 @@ def test_malformed_frames_are_counted_and_the_thread_goes_on(ctx):
         pub.send_raw([b"", (1).to_bytes(8, "big"), b"\xc1garbage"])  # seq 1: garbage
         pub.seq = 2
         wait(sub, lambda: sub.stats("w")["errors"] == 3)
-        assert sub.stats("w")["last_error"].startswith("worker 'w' seq 1: the payload is not")
+        assert sub.stats("w")["last_error"].startswith("worker 'w' seq 1: byte 0: a KVEventBatch")
         assert ix.status("w") == "degraded"
         pub.publish([rs.BlockStored([5], None, [1, 2], 2)])   # another page size
         wait(sub, lambda: sub.stats("w")["errors"] == 4)

@@ -74,7 +74,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from .vllm_wire import END_SEQ, decode_events, zmq
+from .vllm_wire import END_SEQ, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
 
@@ -685,18 +685,17 @@ class KVEventSubscriber:
         feed.last, feed.last_payload = seq, payload
         st = feed.stats
         st["last_seq"] = seq
-        try:
-            ts, decoded, rank = decode_events(payload)
-            events = [e for d, e in decoded if self._wanted(d)]
-            st["skipped"] += len(decoded) - len(events)
-            self.index.apply(feed.worker, events, strict=False, seq=seq + 1)
+        try:  # read and applied from the bytes, no Python object per event
+            got = self.index.apply_wire(feed.worker, payload, strict=False, seq=seq + 1,
+                                        medium=self.medium, group_idx=self.group_idx)
         except EventError as exc:
             self._error(feed, seq, str(exc))
             return
+        st["skipped"] += got.skipped
         st["batches"] += 1
-        st["events"] += len(events)
-        st["data_parallel_rank"] = rank
-        st["ts"] = ts
+        st["events"] += got.events
+        st["data_parallel_rank"] = got.data_parallel_rank
+        st["ts"] = got.ts
 
     def _wanted(self, e):
         if e["type"] == "AllBlocksCleared":

@@ -42,11 +42,10 @@ _MESSAGES = {
 
 
 class WireApplied(NamedTuple):
-    """What ``RouterIndex.apply_wire`` applied: ``events`` (those applied,
-    or all of a duplicate batch's skipped), ``skipped`` (another medium or
-    KV cache group), the batch's ``ts`` and ``data_parallel_rank`` (None
-    when absent), and ``duplicate`` (a ``seq`` already applied: nothing
-    changed)."""
+    """What ``RouterIndex.apply_wire`` read: ``events`` (the batch's events
+    to apply), ``skipped`` (those of another medium or KV cache group), the
+    batch's ``ts`` and ``data_parallel_rank`` (None when absent), and
+    ``duplicate`` (a ``seq`` already applied: nothing changed)."""
     events: int
     skipped: int
     ts: float
@@ -230,7 +229,7 @@ def apply_wire(self, worker, payload, *, seq=None, strict=None, medium=None, gro
     with self._writing:
         skip, gap = self._seq_check(worker, seq, strict)
         if skip:
-            return WireApplied(0, b.ev.shape[0], b.ts, b.rank, True)
+            return WireApplied(applied, b.ev.shape[0] - applied, b.ts, b.rank, True)
         new = worker not in self._cols
         col = self._column(worker, True)
         if self._none_hash is not None or self._max_bytes is not None:
