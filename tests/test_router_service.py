@@ -274,6 +274,30 @@ def test_metrics_are_prometheus_text_counting_what_happened(cluster):
     assert m[("radix_soa_router_workers", ())] == 4
 
 
+def test_events_posted_as_a_vllm_msgpack_batch(cluster):
+    import msgpack
+    from radix_soa.integrations.vllm_wire import encode_batch
+
+    svc, caches, base, rng = cluster
+    pc = rs.PrefixCache(page_size=PAGE, events=True, values=False)
+    pc.insert(list(range(100, 100 + 3 * PAGE)))
+    batch = encode_batch(pc.take_events(), encoding="array")
+    body = msgpack.packb({"worker": "w1", "seq": 4, "batch": batch})
+    st, out = call(svc, "POST", "/events", raw=body)
+    assert st == 200 and out == {"worker": "w1", "applied": 1}
+    q = list(range(100, 100 + 3 * PAGE))
+    assert call(svc, "POST", "/overlap", {"tokens": q})[1]["overlap"]["w1"] == 3 * PAGE
+    pages = len(svc.index)
+    for raw, field in [(msgpack.packb({"worker": "w1", "batch": batch[:-2]}), "batch: byte"),
+                       (msgpack.packb({"worker": "w9", "batch": batch}), "unknown worker"),
+                       (msgpack.packb({"worker": "w1", "batch": "x"}), "batch must be"),
+                       (msgpack.packb({"worker": "w1", "batch": batch, "x": 1}), "unknown field"),
+                       (b"\x81\xc1", "neither JSON nor msgpack")]:
+        st, out = call(svc, "POST", "/events", raw=raw)
+        assert st == 400 and field in out["error"], out
+    assert len(svc.index) == pages
+
+
 def test_overlap_of_a_waiting_queue_in_one_call(cluster):
     svc, caches, base, rng = cluster
     qs = queries(base, rng, 30) + [[]]

@@ -306,7 +306,52 @@ class RouterService:
         return 200, {"loads": {n: dict(zip(LOAD_FIELDS, self._load_row(w)))
                                for n, w in zip(v.names, v.ids)}}
 
+    def _events_wire(self, raw):
+        """``POST /events`` of a msgpack body ``{"worker": name, "seq": n or
+        nil, "batch": <a vLLM KVEventBatch's msgpack bytes>}``: the batch
+        applied from its bytes (``RouterIndex.apply_wire``)."""
+        try:
+            import msgpack
+            body = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except ImportError:
+            raise BadRequest("a msgpack body needs msgpack: pip install msgpack") from None
+        except Exception as e:  # msgpack raises several kinds for bad bytes
+            raise BadRequest(f"the body is neither JSON nor msgpack ({type(e).__name__})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("a msgpack body is a map of worker, seq and batch")
+        check_keys(body, ("worker", "seq", "batch"))
+        batch = body.get("batch")
+        if not isinstance(batch, bytes):
+            raise BadRequest("batch must be the bytes of a vLLM KVEventBatch (msgpack bin)")
+        w, name, seq = self._poster(body)
+        try:
+            got = self.index.apply_wire(w, batch, seq=seq)
+        except (EventError, TypeError, ValueError, OverflowError, KeyError) as e:
+            raise BadRequest(f"batch: {e}") from None
+        p = self._posted.setdefault(w, [0, 0])
+        p[0] += 1
+        p[1] += got.events
+        return 200, {"worker": name, "applied": got.events}
+
+    def _poster(self, body):
+        """``(worker id, name, seq)`` of an ``/events`` body, checked."""
+        name = body.get("worker")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"worker must be a non-empty string; got {name!r}")
+        seq = body.get("seq")
+        if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
+            raise BadRequest(f"seq must be an integer >= 0; got {seq!r}")
+        v = self._current(self.index.workers)
+        if name not in v.pos and not self.allow_new_workers:
+            # a typo must not become a worker that routes then prefer (no load, no cache)
+            raise BadRequest(f"worker: unknown worker {name!r}; the workers are "
+                             f"{', '.join(map(repr, v.names)) or 'none'} (start the service "
+                             "with allow_new_workers=True to let a POST add one)")
+        return (v.ids[v.pos[name]] if name in v.pos else name), name, seq
+
     def _events(self, raw):
+        if raw[:1] and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)):  # a msgpack map
+            return self._events_wire(raw)
         body = parse_body(raw)
         check_keys(body, ("worker", "events", "seq"))
         name = body.get("worker")
