@@ -28,6 +28,7 @@ E_KIND, E_H0, E_HN, E_PARENT, E_HASP, E_T0, E_TN, E_BS = 0, 1, 2, 3, 4, 5, 6, 7
 E_LORA_ID, E_HAS_LORA_ID, E_NAME_OFF, E_NAME_LEN, E_MEDIUM = 8, 9, 10, 11, 12
 E_X_OFF, E_X_LEN, E_GROUP, E_HAS_GROUP, E_POS, E_SEEN = 13, 14, 15, 16, 17, 18
 E_SIZE = 19
+MIN_EVENT = 13  # the fewest bytes of an event: an array head and "BlockStored"
 K_STORED, K_REMOVED, K_CLEARED = 0, 1, 2
 # out: the batch's scalars
 O_TS_KIND, O_TS, O_RANK, O_HAS_RANK, O_EVENTS, O_HASHES, O_TOKENS = 0, 1, 2, 3, 4, 5, 6
@@ -271,13 +272,30 @@ def _field(buf, p, name, row, hashes, tokens, counts, fill, err, i):
             row[E_H0], row[E_HN] = at, n
         else:
             row[E_T0], row[E_TN] = at, n
+        if _need(buf, p, n, err, i) < 0:  # at least a byte an item
+            return -1
+        end = buf.shape[0]
         for j in range(n):
             if is_h:
                 v, p = _hash(buf, p, err, i)
                 if p >= 0 and fill:
                     hashes[at + j] = v
             else:
-                t, p = _signed(buf, p, err, i, W_TOKENS)
+                b = buf[p]
+                if b <= 0x7F:  # the common token forms, inline
+                    t = np.int64(b)
+                    p += 1
+                elif b == 0xCD and p + 3 <= end:
+                    t = (np.int64(buf[p + 1]) << 8) | np.int64(buf[p + 2])
+                    p += 3
+                elif b == 0xCE and p + 5 <= end:
+                    t = np.int64(_be(buf, p + 1, 4))
+                    p += 5
+                elif b == 0xCC and p + 2 <= end:
+                    t = np.int64(buf[p + 1])
+                    p += 2
+                else:
+                    t, p = _signed(buf, p, err, i, W_TOKENS)
                 if p >= 0 and fill:
                     tokens[at + j] = t
             if p < 0:
@@ -448,6 +466,8 @@ def read_batch(buf, fill, ev, hashes, tokens, out, err):
             for i in range(nev):
                 if p < 0:
                     return -1
+                if fill and i >= ev.shape[0]:  # (never, given MIN_EVENT bytes an event)
+                    return _fail(err, W_EVENTS, p, i)
                 row = ev[i] if fill else ev[0]
                 p = _event(buf, p, row, hashes, tokens, counts, fill, err, i)
         elif name == N_RANK:

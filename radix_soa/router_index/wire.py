@@ -18,6 +18,7 @@ from .workers import worker_id
 _BOOL = (bool, np.bool_)
 MASK64 = (1 << 64) - 1
 _SEG = 6  # a strict call's undo step: events a..b applied by the kernel
+ONE_PASS = 1 << 20  # payloads up to this many bytes are read in one pass
 
 _MESSAGES = {
     W.W_TRUNCATED: "the payload ends inside an item",
@@ -75,15 +76,25 @@ def decode(payload):
     buf = np.frombuffer(payload, np.uint8)
     out = np.zeros(W.O_SIZE, np.int64)
     err = np.zeros(3, np.int64)
-    one = np.zeros((1, W.E_SIZE), np.int64)
-    none64 = np.zeros(0, np.uint64)
-    if W.read_batch(buf, False, one, none64, none64.view(np.int64), out, err) < 0:
-        raise _fail(err)
-    n = int(out[W.O_EVENTS])
-    ev = np.zeros((n, W.E_SIZE), np.int64)
-    hashes = np.empty(int(out[W.O_HASHES]), np.uint64)
-    tokens = np.empty(int(out[W.O_TOKENS]), np.int64)
-    W.read_batch(buf, True, ev, hashes, tokens, out, err)
+    size = buf.shape[0]
+    if size <= ONE_PASS:  # one pass into arrays as large as the bytes could fill
+        ev = np.empty((size // W.MIN_EVENT + 1, W.E_SIZE), np.int64)
+        hashes = np.empty(size, np.uint64)
+        tokens = np.empty(size, np.int64)
+        if W.read_batch(buf, True, ev, hashes, tokens, out, err) < 0:
+            raise _fail(err)
+        ev = ev[:int(out[W.O_EVENTS])]
+        hashes = hashes[:int(out[W.O_HASHES])]
+        tokens = tokens[:int(out[W.O_TOKENS])]
+    else:  # a count, then the arrays of that size
+        one = np.zeros((1, W.E_SIZE), np.int64)
+        none64 = np.zeros(0, np.uint64)
+        if W.read_batch(buf, False, one, none64, none64.view(np.int64), out, err) < 0:
+            raise _fail(err)
+        ev = np.empty((int(out[W.O_EVENTS]), W.E_SIZE), np.int64)
+        hashes = np.empty(int(out[W.O_HASHES]), np.uint64)
+        tokens = np.empty(int(out[W.O_TOKENS]), np.int64)
+        W.read_batch(buf, True, ev, hashes, tokens, out, err)
     kind, bits = int(out[W.O_TS_KIND]), np.array([out[W.O_TS]], np.int64)
     ts = float(bits[0]) if kind == 0 else float(
         bits.view(np.float64)[0] if kind == 8 else bits.astype(np.uint32).view(np.float32)[0])
