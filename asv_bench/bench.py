@@ -973,6 +973,13 @@ def _warm_router():
         ix.apply(1, [radix_soa.BlockRemoved([1])], strict=False)
         ix.overlap([1, 2, 3, 4])
         ix.overlap_batch([[1, 2], [3, 4]])
+    from radix_soa.integrations.vllm_wire import encode_batch
+    for strict in (True, False):  # apply_wire's reader and kernel
+        ix = radix_soa.RouterIndex(page_size=2, strict=strict)
+        ix.apply_wire(0, encode_batch(evs))
+        ix.apply_wire(0, encode_batch([{"type": "BlockStored", "block_hashes": [7, 8],
+                                        "parent_block_hash": None, "token_ids": [5, 5, 6, 6],
+                                        "block_size": 2}]))
 
 
 def section_router_dynamo(repeat):
@@ -1121,11 +1128,15 @@ def section_router_wire(repeat):
             ix.apply_wire(0, b)
         state["ix"] = ix
 
-    best = _interleaved({"wire": wire}, repeat)
+    best = {"wire": float("inf")}
+    for _ in range(max(repeat, 3)):  # CPU time: the 2-core machine is shared
+        t0 = time.process_time()
+        wire()
+        best["wire"] = min(best["wire"], time.process_time() - t0)
     ix = state["ix"]
     print(f"\n[router_wire] {stored:,} stored pages in {len(batches)} vLLM-shaped batches "
           f"({sum(map(len, batches)) / 1e6:.1f} MB): apply_wire "
-          f"{stored / best['wire'] / 1e6:.2f} M stored pages/s from one thread; "
+          f"{stored / best['wire'] / 1e6:.2f} M stored pages/s from one thread (CPU time); "
           f"{ix.memory_report()['bytes'] / len(ix):.1f} B per cached page with its handle")
     workers, n_req, toks = 64, 256, 1024
     ix = radix_soa.RouterIndex(page_size=page, workers=range(workers))
