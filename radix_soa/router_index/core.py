@@ -96,17 +96,24 @@ class RouterIndex(ReadersWriter):
     cached set the memory stays flat (one node per page: no run ever splits,
     so none needs merging back).
 
-    ``event_hash`` is the hash the workers' events use (``PrefixCache``'s
-    ``event_hash``): ``"fast64"`` (the default) or vLLM's ``"sha256_cbor"``
-    with the engines' ``event_hash_seed`` (``PYTHONHASHSEED``). With
-    ``sha256_cbor`` a block hash is 32 bytes (or vLLM's int form of it, its
-    low 64 bits) and the index keys each block by those low 64 bits
-    (``_block_hash.key64``): the same collision rule as ``fast64``, two
-    blocks whose 32-byte hashes share the low 64 bits would be one node
-    (about ``n**2 / 2**65`` for ``n`` blocks). ``overlap`` then hashes the
-    query in Python, pages times a SHA-256 and a CBOR encoding (tens of
-    microseconds for a 1,100-token request of 16-token pages), where
-    ``fast64`` hashes in the kernel. A ``fast64`` index refuses bytes hashes.
+    Pages are keyed by their tokens (``event_hash="fast64"``, the
+    default): the index's own chained hash of the parent page's key, the
+    page's tokens and its extra keys (``BlockStored.extra_keys``, a LoRA
+    name carried as the page's namespace), so any engine hash works (vLLM's
+    ``sha256``, ``sha256_cbor``, ``xxhash``, ...; ints or bytes). Each
+    worker's own block hash of a page is kept only as a handle (a per-worker
+    map from it to the page's key) to resolve that worker's
+    ``BlockRemoved`` and ``parent_block_hash``; a ``PrefixCache``'s own
+    ``fast64`` hashes are the keys themselves and need no entry. A query
+    never computes an engine's hash. ``event_hash="sha256_cbor"`` (with
+    the engines' ``event_hash_seed``, ``PYTHONHASHSEED``) is the
+    engine-hash form, for events without tokens: each block keyed by the
+    low 64 bits of vLLM's hash (``key64``), and ``overlap`` hashing the
+    query in Python, a SHA-256 and a CBOR encoding per page (tens of
+    microseconds for a 1,100-token request of 16-token pages) where the
+    token keys are hashed in the kernel. Either way two different pages
+    with one 64-bit key would be one node (about ``n**2 / 2**65`` for
+    ``n`` pages).
 
     Parameters
     ----------
@@ -115,7 +122,8 @@ class RouterIndex(ReadersWriter):
     workers : iterable of worker ids
         Workers registered from the start, in this order.
     event_hash : str
-        The page hash of the events: ``"fast64"`` or ``"sha256_cbor"``.
+        ``"fast64"``: pages keyed by their tokens (any engine hash);
+        ``"sha256_cbor"``: keyed by vLLM's ``sha256_cbor`` block hash.
     event_hash_seed : int, str or None
         ``sha256_cbor``'s seed (the engines' ``PYTHONHASHSEED``).
     strict : bool
