@@ -1054,6 +1054,13 @@ def _warm_router():
         ix.apply(1, [radix_soa.BlockRemoved([1])], strict=False)
         ix.overlap([1, 2, 3, 4])
         ix.overlap_batch([[1, 2], [3, 4]])
+    from radix_soa.integrations.vllm_wire import encode_batch
+    for strict in (True, False):  # apply_wire's reader and kernel
+        ix = radix_soa.RouterIndex(page_size=2, strict=strict)
+        ix.apply_wire(0, encode_batch(evs))
+        ix.apply_wire(0, encode_batch([{"type": "BlockStored", "block_hashes": [7, 8],
+                                        "parent_block_hash": None, "token_ids": [5, 5, 6, 6],
+                                        "block_size": 2}]))
 
 
 def section_router_dynamo(repeat):
@@ -1086,6 +1093,9 @@ def section_router_dynamo(repeat):
                        if isinstance(e, radix_soa.BlockStored))
         n_events = sum(len(evs) for _, evs in streams)
         wire = [(w, json.dumps([e.to_dict() for e in evs]).encode()) for w, evs in streams]
+        from radix_soa.integrations.vllm_wire import encode_batch
+        packed = [(w, [encode_batch(evs[i:i + 32], ts=0.0) for i in range(0, len(evs), 32)])
+                  for w, evs in streams]  # vLLM's msgpack batches, 32 events each
         q_local = [DS.local_hashes(q, page) for q in queries]
         state = {}
 
@@ -1100,12 +1110,19 @@ def section_router_dynamo(repeat):
             for w, b in wire:
                 ix.apply(w, json.loads(b))
 
+        def ours_wire():
+            ix = radix_soa.RouterIndex(page_size=page, workers=range(16))
+            for w, batches in packed:
+                for b in batches:
+                    ix.apply_wire(w, b)
+
         def dynamo():  # its JSON built in the timing: its API takes bytes
             t = RadixTree()
             DS.apply_all(t, DS.dumps_all(dyn_streams))
             state["dyn"] = t
 
-        best = _interleaved({"ours": ours, "ours_json": ours_json, "dynamo": dynamo}, repeat)
+        best = _interleaved({"ours": ours, "ours_json": ours_json, "ours_wire": ours_wire,
+                             "dynamo": dynamo}, repeat)
         ix, dyn = state["ix"], state["dyn"]
         held = sum(len(ix.blocks_of(w)) for w in range(16))
         print(f"  {title}: {n_events:,} events, {n_stored:,} stored blocks; {held:,} cached "
@@ -1115,7 +1132,9 @@ def section_router_dynamo(repeat):
         print(f"    events applied, per stored block: radix_soa {per['ours']:.0f} ns (event "
               f"objects), {per['ours_json']:.0f} ns (from JSON, json.loads included); Dynamo "
               f"{per['dynamo']:.0f} ns (json.dumps + apply_event): {per['dynamo'] / per['ours']:.2f}x"
-              f" / {per['dynamo'] / per['ours_json']:.2f}x")
+              f" / {per['dynamo'] / per['ours_json']:.2f}x; radix_soa apply_wire (vLLM's msgpack "
+              f"batches of 32 events) {per['ours_wire']:.0f} ns: "
+              f"{per['dynamo'] / per['ours_wire']:.2f}x Dynamo")
         mismatched = 0
         for q, loc in zip(queries, q_local):
             ours_blocks = (ix.overlap(q) // page).tolist()
@@ -1144,6 +1163,81 @@ def section_router_dynamo(repeat):
               f"Dynamo {dyn_rss / held:.1f} (RSS growth in a fresh process): "
               f"{dyn_rss / rep['bytes']:.2f}x (RSS vs RSS {dyn_rss / max(ours_rss, 1):.2f}x); "
               f"per distinct block {rep['bytes_per_page']:.1f} vs {dyn_rss / len(ix):.1f}")
+
+
+def _vllm_shaped_batches(rng, page, n_batches, keep):
+    """vLLM-shaped msgpack batches: per step 8 requests, each a chunked
+    prefill run of 1..32 blocks and a decode block after it, then
+    single-block removals of the newest blocks past ``keep`` cached; engine
+    hashes random 64-bit ints (vLLM's low 64 bits of a hash no router
+    reproduces)."""
+    from radix_soa.integrations.vllm_wire import encode_batch
+    batches, held, stored = [], [], 0
+    for _ in range(n_batches):
+        evs = []
+        for _ in range(8):
+            k = int(rng.integers(1, 33))
+            hs = [int(h) for h in rng.integers(0, 2**63, k)]
+            evs.append({"type": "BlockStored", "block_hashes": hs, "parent_block_hash": None,
+                        "token_ids": rng.integers(0, 32_000, k * page).tolist(),
+                        "block_size": page, "lora_id": None, "medium": "GPU", "lora_name": None})
+            h = int(rng.integers(0, 2**63))
+            evs.append({"type": "BlockStored", "block_hashes": [h], "parent_block_hash": hs[-1],
+                        "token_ids": rng.integers(0, 32_000, page).tolist(), "block_size": page,
+                        "lora_id": None, "medium": "GPU", "lora_name": None})
+            stored += k + 1
+            held += hs + [h]
+        while len(held) > keep:
+            evs.append({"type": "BlockRemoved", "block_hashes": [held.pop()], "medium": "GPU"})
+        batches.append(encode_batch(evs))
+    return batches, stored
+
+
+def section_router_wire(repeat):
+    """apply_wire on vLLM-shaped batches (stored pages per second, one
+    thread), and overlap_batch of a waiting queue (256 requests x 1,024
+    tokens x 64 workers: the cost per (request, page, worker))."""
+    _warm_router()
+    page = 16
+    rng = np.random.default_rng(0)
+    batches, stored = _vllm_shaped_batches(rng, page, size(400, 40), 20_000)
+    state = {}
+
+    def wire():
+        ix = radix_soa.RouterIndex(page_size=page, workers=[0], strict=False)
+        for b in batches:
+            ix.apply_wire(0, b)
+        state["ix"] = ix
+
+    best = {"wire": float("inf")}
+    for _ in range(max(repeat, 3)):  # CPU time: the 2-core machine is shared
+        t0 = time.process_time()
+        wire()
+        best["wire"] = min(best["wire"], time.process_time() - t0)
+    ix = state["ix"]
+    print(f"\n[router_wire] {stored:,} stored pages in {len(batches)} vLLM-shaped batches "
+          f"({sum(map(len, batches)) / 1e6:.1f} MB): apply_wire "
+          f"{stored / best['wire'] / 1e6:.2f} M stored pages/s from one thread (CPU time); "
+          f"{ix.memory_report()['bytes'] / len(ix):.1f} B per cached page with its handle")
+    workers, n_req, toks = 64, 256, 1024
+    ix = radix_soa.RouterIndex(page_size=page, workers=range(workers))
+    base = rng.integers(0, 32_000, (16, toks))
+    for w in range(workers):
+        pc = radix_soa.PrefixCache(page_size=page, events=True, values=False)
+        for j in range(4):
+            row = base[(w + j) % 16]
+            pc.insert(row[:int(rng.integers(1, toks // page)) * page])
+        ix.apply(w, pc.take_events())
+    reqs = [base[int(rng.integers(0, 16))].copy() for _ in range(n_req)]
+    for r in reqs:
+        r[int(rng.integers(0, toks)):] = rng.integers(0, 32_000, 1)
+    packed = radix_soa.pack(reqs)
+    ix.overlap_batch(packed)
+    bq = _interleaved({"batch": lambda: ix.overlap_batch(packed)}, 5 * repeat)
+    cells = n_req * (toks // page) * workers
+    print(f"  overlap_batch: {n_req} requests x {toks} tokens x {workers} workers in "
+          f"{bq['batch'] * 1e3:.2f} ms, {bq['batch'] / cells * 1e9:.3f} ns per (request, page, "
+          f"worker)")
 
 
 def section_router_churn(repeat):
@@ -1512,6 +1606,7 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "sglang_policy": section_sglang_policy,
             "dask": section_dask, "events": section_events,
             "router_dynamo": section_router_dynamo, "router_churn": section_router_churn,
+            "router_wire": section_router_wire,
             "router_service": section_router_service,
             "vllm": section_vllm}
 

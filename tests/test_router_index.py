@@ -92,12 +92,22 @@ def test_a_bad_event_raises_and_leaves_the_index_unchanged(events, match):
     assert snapshot(ix, QUERIES) == before and "new" not in ix
 
 
-def test_a_block_known_under_another_parent_is_refused():
+def test_a_page_is_keyed_by_its_tokens_and_the_engines_hash_is_a_handle():
+    # another worker names a's second page's hash for a first page [3, 4]:
+    # keyed by its tokens, it is that page, not a's (whose hash it reuses)
     ix = rs.RouterIndex(page_size=2)
     ix.apply("a", [stored([1, 2, 3, 4])])
     h = chain([1, 2, 3, 4], 2)
+    ix.apply("b", [rs.BlockStored([h[1]], None, [3, 4], 2)])
+    assert ix.overlap([1, 2, 3, 4]).tolist() == [4, 0]
+    assert ix.overlap([3, 4]).tolist() == [0, 2]
+    ix.apply("b", [rs.BlockRemoved([h[1]])])  # b's handle resolves to b's page
+    assert ix.overlap([3, 4]).tolist() == [0, 0] and ix.overlap([1, 2, 3, 4]).tolist() == [4, 0]
+    # keyed by the engine's hash (the fallback form), the same event is refused
+    keyed = rs.RouterIndex(page_size=2, event_hash="sha256_cbor", event_hash_seed="0")
+    keyed.apply("a", [rs.BlockStored([5, 6], None, [1, 2, 3, 4], 2)])
     with pytest.raises(rs.EventError, match="another parent"):
-        ix.apply("b", [rs.BlockStored([h[1]], None, [3, 4], 2)])
+        keyed.apply("b", [rs.BlockStored([6], None, [3, 4], 2)])
 
 
 def test_bad_arguments():

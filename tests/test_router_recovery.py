@@ -50,7 +50,7 @@ def test_a_missing_parent_degrades_the_worker_and_adds_no_overlap():
     ([stored([1, 2])], "held by worker 'a' already"),
     ([rs.BlockRemoved([12345])], "BlockRemoved of block 12345"),
     ([rs.BlockRemoved([chain([1, 2], 2)[0]] * 2)], "BlockRemoved of block"),
-    ([rs.BlockStored([chain([1, 2, 3, 4], 2)[1]], None, [3, 4], 2)], "another parent"),
+    ([rs.BlockStored([77], 12345, [5, 6], 2)], "parent block 12345 is not held"),
 ])
 def test_each_problem_degrades_in_the_status_mode_and_raises_in_the_strict_one(events, problem):
     def fresh(strict):

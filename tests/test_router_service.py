@@ -182,6 +182,12 @@ def test_load_sets_and_adds_all_or_nothing(cluster):
     ("/route", b'{"tokens": [1], "loads": []}', "loads must be an object"),
     ("/route", b'{"tokens": [1], "extra": 1}', "unknown field 'extra'"),
     ("/overlap", b'{"tokens": {}}', "tokens must be a list"),
+    ("/overlap", b'{"batch": [[1], {}]}', "batch[1] must be a list"),
+    ("/overlap", b'{"batch": 3}', "batch must be a list"),
+    ("/overlap", b'{"batch": [[1]], "policy": "x"}', "unknown field 'policy'"),
+    ("/route", b'{"tokens": [1], "lora_name": 3}', "lora_name must be"),
+    ("/route", b'{"tokens": [1], "extra_keys": "salt"}', "extra_keys must be"),
+    ("/overlap", b'{"tokens": [1], "extra_keys": [{}]}', "extra_keys:"),
     ("/load", b'{}', "give loads"),
     ("/load", b'{"loads": {"w0": {"requests": 1.5}}}', "loads['w0']['requests']"),
     ("/events", b'{"worker": "w0", "events": [{"type": "BlockStored"}]}', "events:"),
@@ -266,6 +272,59 @@ def test_metrics_are_prometheus_text_counting_what_happened(cluster):
     assert m[("radix_soa_router_index_bytes", ())] == svc.index.memory_report()["bytes"]
     assert m[("radix_soa_router_index_pages", ())] == len(svc.index)
     assert m[("radix_soa_router_workers", ())] == 4
+
+
+def test_events_posted_as_a_vllm_msgpack_batch(cluster):
+    import msgpack
+    from radix_soa.integrations.vllm_wire import encode_batch
+
+    svc, caches, base, rng = cluster
+    pc = rs.PrefixCache(page_size=PAGE, events=True, values=False)
+    pc.insert(list(range(100, 100 + 3 * PAGE)))
+    batch = encode_batch(pc.take_events(), encoding="array")
+    body = msgpack.packb({"worker": "w1", "seq": 4, "batch": batch})
+    st, out = call(svc, "POST", "/events", raw=body)
+    assert st == 200 and out == {"worker": "w1", "applied": 1}
+    q = list(range(100, 100 + 3 * PAGE))
+    assert call(svc, "POST", "/overlap", {"tokens": q})[1]["overlap"]["w1"] == 3 * PAGE
+    pages = len(svc.index)
+    for raw, field in [(msgpack.packb({"worker": "w1", "batch": batch[:-2]}), "batch: byte"),
+                       (msgpack.packb({"worker": "w9", "batch": batch}), "unknown worker"),
+                       (msgpack.packb({"worker": "w1", "batch": "x"}), "batch must be"),
+                       (msgpack.packb({"worker": "w1", "batch": batch, "x": 1}), "unknown field"),
+                       (b"\x81\xc1", "neither JSON nor msgpack")]:
+        st, out = call(svc, "POST", "/events", raw=raw)
+        assert st == 400 and field in out["error"], out
+    assert len(svc.index) == pages
+
+
+def test_overlap_of_a_waiting_queue_in_one_call(cluster):
+    svc, caches, base, rng = cluster
+    qs = queries(base, rng, 30) + [[]]
+    st, out = call(svc, "POST", "/overlap", {"batch": qs})
+    assert st == 200 and out["workers"] == NAMES and out["degraded"] == []
+    assert out["overlaps"] == [[pc.match_length(q) for pc in caches] for q in qs]
+    st, out = call(svc, "POST", "/overlap", {"batch": [], "namespace": "batch"})
+    assert st == 200 and out["overlaps"] == []
+    # a one-list body naming "batch" elsewhere keeps the one-list answer
+    st, out = call(svc, "POST", "/overlap", {"tokens": qs[0], "namespace": "batch"})
+    assert st == 200 and set(out["overlap"]) == set(NAMES)
+
+
+def test_lora_pages_and_a_cache_salt_match_only_their_requests(cluster):
+    svc, caches, base, rng = cluster
+    toks = list(range(5, 5 + 2 * PAGE))  # two pages of a LoRA "ad" request salted "s1"
+    ev = {"type": "BlockStored", "block_hashes": [901, 902], "parent_block_hash": None,
+          "token_ids": toks, "block_size": PAGE, "lora_id": 3, "lora_name": "ad",
+          "extra_keys": [["ad", "s1"], ["ad"]]}
+    assert call(svc, "POST", "/events", {"worker": "w2", "events": [ev]})[0] == 200
+    for body, w2 in [({}, 0), ({"lora_name": "ad"}, 0), ({"extra_keys": ["s1"]}, 0),
+                     ({"lora_name": "ad", "extra_keys": ["s2"]}, 0),
+                     ({"lora_name": "ad", "extra_keys": ["s1"]}, 2 * PAGE)]:
+        out = call(svc, "POST", "/overlap", dict(body, tokens=toks))[1]
+        assert out["overlap"]["w2"] == w2, body
+        out = call(svc, "POST", "/route", dict(body, tokens=toks, policy="cache_aware"))[1]
+        assert out["overlap"]["w2"] == w2 and (w2 == 0 or out["worker"] == "w2"), body
 
 
 def test_overlap_with_a_namespace_and_an_empty_request(cluster):

@@ -631,7 +631,7 @@ def test_malformed_frames_are_counted_and_the_thread_goes_on(ctx):
         pub.send_raw([b"", (1).to_bytes(8, "big"), b"\xc1garbage"])  # seq 1: garbage
         pub.seq = 2
         wait(sub, lambda: sub.stats("w")["errors"] == 3)
-        assert sub.stats("w")["last_error"].startswith("worker 'w' seq 1: the payload is not")
+        assert sub.stats("w")["last_error"].startswith("worker 'w' seq 1: byte 0: a KVEventBatch")
         # asked again of the replay socket, which never held it: lost
         wait(sub, lambda: ix.status("w") == "degraded")
         assert "seq 1" in ix.degraded["w"] and sub.stats("w")["junk"] == 2
@@ -992,3 +992,69 @@ def test_without_probes_a_dropped_last_batch_stays_unseen(ctx):
         wait(sub, lambda: sub.stats("w")["last_seq"] == len(batches) - 2)
         assert not sub.wait(lambda: sub.stats("w")["last_seq"] == len(batches) - 1, timeout=1)
         assert sub.stats("w")["probes"] == 0
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_vllms_own_publisher_and_block_hashes_with_no_hash_flag(tmp_path, algo):
+    """vLLM 0.34.0's own publisher, events and block hashes (``algo``, its
+    ``prefix_caching_hash_algo``; NONE_HASH from PYTHONHASHSEED, or random
+    per process when unset, as an engine draws it), LoRA pages among them,
+    into an index made with no hash flag: pages keyed by their tokens, every
+    overlap exact."""
+    kv = _vllm_kv_events()
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils as u
+
+    fn = get_hash_fn_by_name(algo)
+    u.init_none_hash(fn)
+    pc, batches, queries = engine_batches(21, namespaces=(None, "adapter"))
+    vh = {}  # the cache's own page hash -> vLLM's block hash of the same page
+
+    def ext(h):
+        return u.maybe_convert_block_hash(vh[h])  # vLLM's int form, as it publishes
+
+    def convert(e):
+        if isinstance(e, rs.BlockStored):
+            parent = vh[e.parent_block_hash] if e.parent_block_hash is not None else None
+            lora = e.lora_name
+            extra = (("lora", lora, "/adapters/" + lora),) if lora else None  # vLLM's own keys
+            out = []
+            for j, h in enumerate(e.block_hashes):
+                parent = u.hash_block_tokens(fn, parent, e.token_ids[j * PAGE:(j + 1) * PAGE],
+                                             extra)
+                vh[h] = parent
+                out.append(u.maybe_convert_block_hash(parent))
+            return kv.BlockStored(
+                block_hashes=out,
+                parent_block_hash=None if e.parent_block_hash is None else ext(
+                    e.parent_block_hash),
+                token_ids=e.token_ids, block_size=e.block_size, lora_id=None, medium="GPU",
+                lora_name=lora,
+                extra_keys=u.to_event_extra_keys([extra] * len(out)) if extra else None,
+                group_idx=0)
+        if isinstance(e, rs.BlockRemoved):
+            return kv.BlockRemoved(block_hashes=[ext(h) for h in e.block_hashes], medium="GPU",
+                                   group_idx=0)
+        return kv.AllBlocksCleared()
+
+    assert any(e.lora_name == "adapter" for b in batches for e in b
+               if isinstance(e, rs.BlockStored))
+    pub_at = f"ipc://{tmp_path}/pub"
+    vpub = kv.ZmqEventPublisher(0, endpoint=pub_at, replay_endpoint=None, topic="kv")
+    ix = index()  # no event_hash: the default
+    try:
+        with KVEventSubscriber(ix, {"w": Endpoint(pub_at, None, "kv")}, **SLOW) as sub:
+            sent = 0
+            while not sub.wait(lambda: sub.stats("w")["batches"] > 0, timeout=0.2):
+                assert sent < 200, sub.stats("w")
+                vpub.publish(kv.KVEventBatch(ts=1.0, events=[]))
+                sent += 1
+            for b in batches:
+                vpub.publish(kv.KVEventBatch(ts=1.0, events=[convert(e) for e in b]))
+            wait(sub, lambda: sub.stats("w")["last_seq"] == sent + len(batches) - 1)
+            assert sub.stats("w")["errors"] == 0 and ix.status("w") == "exact"
+            for q in queries:
+                for ns in (None, "adapter"):
+                    assert ix.overlap(q, lora_name=ns).tolist() == \
+                        [pc.match_length(q, namespace=ns)], (q, ns)
+            assert sorted(ix.blocks_of("w")) == sorted(ext(h) for h in reference(batches))
+    finally:
+        vpub.shutdown()

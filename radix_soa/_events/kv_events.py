@@ -21,7 +21,7 @@ import operator
 from dataclasses import dataclass
 
 __all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "EventError", "event_from_dict",
-           "namespace_seed"]
+           "namespace_seed", "extra_hash"]
 
 MAX_HASH = 2**64 - 1
 
@@ -37,7 +37,10 @@ class BlockStored:
     first), the hash of the page before the run (None: the run starts the
     sequence), the run's tokens (``len(block_hashes) * block_size``), the
     LoRA id (an int namespace other than the default) and LoRA name (a str
-    namespace), as vLLM's ``BlockStored``."""
+    namespace), as vLLM's ``BlockStored``; ``extra_keys``, vLLM's per-block
+    extra keys (None, or a list with one entry per block: None or a list of
+    keys, such as the LoRA name, a cache salt on a first block, a
+    multimodal input's ``(identifier, offset)``)."""
     block_hashes: list
     parent_block_hash: object
     token_ids: list
@@ -45,12 +48,16 @@ class BlockStored:
     lora_id: object = None
     medium: object = None
     lora_name: object = None
+    extra_keys: object = None
 
     def to_dict(self):
-        return {"type": "BlockStored", "block_hashes": list(self.block_hashes),
-                "parent_block_hash": self.parent_block_hash, "token_ids": list(self.token_ids),
-                "block_size": self.block_size, "lora_id": self.lora_id, "medium": self.medium,
-                "lora_name": self.lora_name}
+        d = {"type": "BlockStored", "block_hashes": list(self.block_hashes),
+             "parent_block_hash": self.parent_block_hash, "token_ids": list(self.token_ids),
+             "block_size": self.block_size, "lora_id": self.lora_id, "medium": self.medium,
+             "lora_name": self.lora_name}
+        if self.extra_keys is not None:
+            d["extra_keys"] = self.extra_keys
+        return d
 
     @property
     def namespace(self):
@@ -154,7 +161,68 @@ def event_from_dict(d):
     if len(tokens) != len(hashes) * size:
         raise EventError(f"token_ids holds {len(tokens)} tokens for {len(hashes)} blocks of "
                          f"{size}")
-    return BlockStored(hashes, parent, tokens, size, lora_id, d.get("medium"), lora_name)
+    extra = d.get("extra_keys")
+    if extra is not None:
+        if not isinstance(extra, (list, tuple)) or len(extra) > len(hashes):
+            raise EventError("extra_keys must be None or a list of at most one entry per block; "
+                             f"got {type(extra).__name__}")
+        try:
+            for keys in extra:
+                extra_hash(keys)
+        except (TypeError, ValueError) as exc:
+            raise EventError(f"extra_keys: {exc}") from None
+        extra = list(extra)
+    return BlockStored(hashes, parent, tokens, size, lora_id, d.get("medium"), lora_name, extra)
+
+
+def _canonical(out, x, depth=0):
+    if depth > 8:
+        raise ValueError("extra keys nest too deep")
+    if x is None:
+        out += b"n"
+    elif isinstance(x, bool):
+        out += b"t" if x else b"f"
+    elif isinstance(x, int):
+        b = str(x).encode()
+        out += b"i" + len(b).to_bytes(2, "little") + b
+    elif isinstance(x, str):
+        b = x.encode("utf-8", "surrogatepass")
+        out += b"s" + len(b).to_bytes(4, "little") + b
+    elif isinstance(x, (bytes, bytearray)):
+        out += b"y" + len(x).to_bytes(4, "little") + bytes(x)
+    elif isinstance(x, float):
+        out += b"d" + repr(x).encode()
+    elif isinstance(x, (list, tuple)):
+        out += b"l" + len(x).to_bytes(4, "little")
+        for v in x:
+            _canonical(out, v, depth + 1)
+    else:
+        raise TypeError(f"an extra key is None, a bool, an int, a float, a str, bytes or a "
+                        f"list of them; got {type(x).__name__}")
+
+
+def extra_hash(keys, lora_name=None):
+    """The 64-bit hash a router index folds into a page's key for its
+    extra keys ``keys`` (None or a list/tuple; a list and a tuple of the
+    same keys hash alike): 0 for none. A leading ``lora_name`` is left
+    out (the page's namespace carries it already), so what remains is what
+    a request adds, such as vLLM's cache salt on a first block.
+
+    >>> extra_hash(None), extra_hash(["salt"]) == extra_hash(("lora-a", "salt"), "lora-a") != 0
+    (0, True)
+    """
+    if keys is None:
+        return 0
+    if not isinstance(keys, (list, tuple)):
+        raise TypeError(f"a block's extra keys are None or a list; got {type(keys).__name__}")
+    if lora_name is not None and keys and keys[0] == lora_name:
+        keys = keys[1:]
+    if not keys:
+        return 0
+    out = bytearray()
+    _canonical(out, list(keys))
+    h = int.from_bytes(hashlib.blake2b(bytes(out), digest_size=8).digest(), "little")
+    return h or 1
 
 
 def namespace_seed(namespace):

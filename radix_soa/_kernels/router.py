@@ -27,6 +27,7 @@ import numpy as np
 from .chain import page_hash
 from .config import kernel, kernel_nogil
 from .prefetch import prefetch
+from .table import mix64
 
 X_END = 0    # high-water mark of node ids
 X_FREE = 1   # first free node id, or -1
@@ -37,6 +38,7 @@ X_SIZE = 4
 # deepest go first and a page outlives what hangs under it
 TICK = 1 << 16
 GROUP = 16   # pages an overlap walk hashes and prefetches at a time
+SEEN_ZERO = np.uint64(0x9E3779B97F4A7C15)  # a hash of 0 in rx_classify's scratch set
 
 # what rx_classify gives each hash of an event
 C_OK = 0         # stored: a page to add; removed: a page the worker holds
@@ -157,22 +159,53 @@ def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, h
 
 
 @kernel
+def _seen_add(seen, h):
+    """Put ``h`` in the scratch set ``seen`` (open addressing, 0 empty);
+    True if it was there already."""
+    k = h if h != 0 else SEEN_ZERO
+    mask = seen.shape[0] - 1
+    i = np.int64(mix64(k) & np.uint64(mask))
+    while True:
+        v = seen[i]
+        if v == k:
+            return True
+        if v == 0:
+            seen[i] = k
+            return False
+        i = (i + 1) & mask
+
+
+@kernel
+def _seen_clear(seen, hashes):
+    """Empty ``seen`` of ``hashes`` again: the run of slots from each one's
+    home to the first empty slot (it holds the hash, whatever was emptied
+    before), so the cost follows the hashes, not the scratch's size."""
+    mask = seen.shape[0] - 1
+    for j in range(hashes.shape[0]):
+        h = hashes[j]
+        k = h if h != 0 else SEEN_ZERO
+        i = np.int64(mix64(k) & np.uint64(mask))
+        while seen[i] != 0:
+            seen[i] = 0
+            i = (i + 1) & mask
+
+
+@kernel
 def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
-                stored, codes):
+                stored, codes, seen):
     """A ``C_*`` code per hash of a stored run after ``parent``
     (``stored``) or of a removal, into ``codes``; returns, for a stored
     run, ``P_HELD`` if the worker holds its parent (or it has none),
     ``P_ABSENT`` if no worker holds the parent, ``P_OTHERS`` if others do
-    but not this worker (for a removal, ``P_HELD``)."""
+    but not this worker (for a removal, ``P_HELD``). ``seen``: an empty
+    scratch set of at least twice the hashes (a power of two; left empty),
+    finding a hash repeated in the event in O(1); empty for one hash."""
     n = hashes.shape[0]
+    track = seen.shape[0] > 0
     for i in range(n):
         h = hashes[i]
         v = rx_find(table, keys, h)
-        repeat = False
-        for j in range(i):
-            if hashes[j] == h:
-                repeat = True
-                break
+        repeat = track and _seen_add(seen, h)
         if stored:
             hasp = has_parent or i > 0
             before = parent if i == 0 else hashes[i - 1]
@@ -190,6 +223,8 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
             codes[i] = C_UNHELD
         else:
             codes[i] = C_OK
+    if track:
+        _seen_clear(seen, hashes)
     if not (stored and has_parent):
         return P_HELD
     p = rx_find(table, keys, parent)
@@ -200,14 +235,14 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
 
 @kernel
 def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, has_parent,
-             stamps, codes):
+             stamps, codes, seen):
     """The common stored run in one call: ``rx_classify`` it and, when the
     worker holds its parent and every page is ``C_OK``, add it
     (``rx_add``; room made first). Returns ``(parent status, index of the
     first page not C_OK or -1)``; anything but ``(P_HELD, -1)`` changed
     nothing."""
     where = rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
-                        True, codes)
+                        True, codes, seen)
     n = hashes.shape[0]
     for i in range(n):
         if codes[i] != C_OK:
@@ -225,13 +260,14 @@ def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, 
 
 
 @kernel
-def rx_remove(table, keys, pkeys, flags, masks, meta, word, bit, hashes, codes, parents, hasp):
+def rx_remove(table, keys, pkeys, flags, masks, meta, word, bit, hashes, codes, parents, hasp,
+              seen):
     """The common removal in one call: ``rx_classify`` it and, when the
     worker holds every page, take them (``rx_drop``, their parents to
     ``parents``/``hasp``). Returns the index of the first page not
     ``C_OK`` (nothing changed), or -1."""
     rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, np.uint64(0), False, False,
-                codes)
+                codes, seen)
     for i in range(hashes.shape[0]):
         if codes[i] != C_OK:
             return i

@@ -58,8 +58,9 @@ import threading
 import time
 from typing import NamedTuple
 
+from ..router_index.wire import decode as read_wire
 from .stream_rules import StreamRules
-from .vllm_wire import END_SEQ, decode_events, zmq
+from .vllm_wire import END_SEQ, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
 
@@ -134,7 +135,7 @@ class _Feed:
             self.close()
             raise
         self.rules = StreamRules(worker, has_replay=endpoint.replay is not None,
-                                 decode=decode_events)
+                                 decode=read_wire)
         self.deadline = None     # while a replay runs: when it is given up
         self.handshakes_seen = 0  # the SUB socket's: the first is its connect
         self.heard = False       # anything received from this publisher
@@ -659,26 +660,18 @@ class KVEventSubscriber:
 
     def _apply(self, feed, seq, decoded):
         st = feed.stats
-        ts, events, rank = decoded
-        try:
-            wanted = [e for d, e in events if self._wanted(d)]
+        try:  # read once by the stream rules (read_wire); no Python object per event
             # the stream rules judged order, gaps and restarts: no seq here
-            self.index.apply(feed.worker, wanted, strict=False)
+            got = self.index.apply_wire(feed.worker, decoded, strict=False,
+                                        medium=self.medium, group_idx=self.group_idx)
         except EventError as exc:
             self._do(feed, feed.rules.on_refused(seq, str(exc)))
             return
-        st["skipped"] += len(events) - len(wanted)
+        st["skipped"] += got.skipped
         st["batches"] += 1
-        st["events"] += len(wanted)
-        st["data_parallel_rank"] = rank
-        st["ts"] = ts
-
-    def _wanted(self, e):
-        if e["type"] == "AllBlocksCleared":
-            return True
-        if self.medium is not None and e.get("medium") not in (None, self.medium):
-            return False
-        return self.group_idx is None or e.get("group_idx") in (None, self.group_idx)
+        st["events"] += got.events
+        st["data_parallel_rank"] = got.data_parallel_rank
+        st["ts"] = got.ts
 
 
 # ---------------------------------------------------------------- the command

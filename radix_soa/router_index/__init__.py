@@ -10,11 +10,14 @@ after a worker's events are applied in order, ``overlap(q)`` gives that
 worker exactly its cache's ``match_length(q)``.
 
 The package: ``core`` (the class, a table of contents), ``storage``,
-``events``, ``workers``, ``queries`` (its feature modules) and ``rules``
+``events``, ``wire`` (``apply_wire``), ``workers``, ``queries`` (its
+feature modules) and ``rules``
 (the per-decision routing rules the router service and the cluster study
 share, and ``ClusterOptions``).
 """
 
 from .core import MIN_BYTES, SEEDS_KEPT, OverlapReport, RouterIndex, worker_id
+from .wire import WireApplied
 
-__all__ = ["RouterIndex", "OverlapReport", "worker_id", "SEEDS_KEPT", "MIN_BYTES"]
+__all__ = ["RouterIndex", "OverlapReport", "WireApplied", "worker_id", "SEEDS_KEPT",
+           "MIN_BYTES"]

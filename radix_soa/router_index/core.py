@@ -12,7 +12,7 @@ from .._tree.base import ReadersWriter
 from .._events.block_hash import check_event_hash, none_hash
 from .._events.kv_events import namespace_seed
 from .._input.validate import MAX_PAGE, check_int
-from . import events, queries, storage, workers as workers_
+from . import events, queries, storage, wire, workers as workers_
 from .queries import OverlapReport, SEEDS_KEPT
 from .storage import MIN_BYTES
 from .._kernels.router import X_LIVE
@@ -96,17 +96,24 @@ class RouterIndex(ReadersWriter):
     cached set the memory stays flat (one node per page: no run ever splits,
     so none needs merging back).
 
-    ``event_hash`` is the hash the workers' events use (``PrefixCache``'s
-    ``event_hash``): ``"fast64"`` (the default) or vLLM's ``"sha256_cbor"``
-    with the engines' ``event_hash_seed`` (``PYTHONHASHSEED``). With
-    ``sha256_cbor`` a block hash is 32 bytes (or vLLM's int form of it, its
-    low 64 bits) and the index keys each block by those low 64 bits
-    (``_block_hash.key64``): the same collision rule as ``fast64``, two
-    blocks whose 32-byte hashes share the low 64 bits would be one node
-    (about ``n**2 / 2**65`` for ``n`` blocks). ``overlap`` then hashes the
-    query in Python, pages times a SHA-256 and a CBOR encoding (tens of
-    microseconds for a 1,100-token request of 16-token pages), where
-    ``fast64`` hashes in the kernel. A ``fast64`` index refuses bytes hashes.
+    Pages are keyed by their tokens (``event_hash="fast64"``, the
+    default): the index's own chained hash of the parent page's key, the
+    page's tokens and its extra keys (``BlockStored.extra_keys``, a LoRA
+    name carried as the page's namespace), so any engine hash works (vLLM's
+    ``sha256``, ``sha256_cbor``, ``xxhash``, ...; ints or bytes). Each
+    worker's own block hash of a page is kept only as a handle (a per-worker
+    map from it to the page's key) to resolve that worker's
+    ``BlockRemoved`` and ``parent_block_hash``; a ``PrefixCache``'s own
+    ``fast64`` hashes are the keys themselves and need no entry. A query
+    never computes an engine's hash. ``event_hash="sha256_cbor"`` (with
+    the engines' ``event_hash_seed``, ``PYTHONHASHSEED``) is the
+    engine-hash form, for events without tokens: each block keyed by the
+    low 64 bits of vLLM's hash (``key64``), and ``overlap`` hashing the
+    query in Python, a SHA-256 and a CBOR encoding per page (tens of
+    microseconds for a 1,100-token request of 16-token pages) where the
+    token keys are hashed in the kernel. Either way two different pages
+    with one 64-bit key would be one node (about ``n**2 / 2**65`` for
+    ``n`` pages).
 
     Parameters
     ----------
@@ -115,7 +122,8 @@ class RouterIndex(ReadersWriter):
     workers : iterable of worker ids
         Workers registered from the start, in this order.
     event_hash : str
-        The page hash of the events: ``"fast64"`` or ``"sha256_cbor"``.
+        ``"fast64"``: pages keyed by their tokens (any engine hash);
+        ``"sha256_cbor"``: keyed by vLLM's ``sha256_cbor`` block hash.
     event_hash_seed : int, str or None
         ``sha256_cbor``'s seed (the engines' ``PYTHONHASHSEED``).
     strict : bool
@@ -145,6 +153,7 @@ class RouterIndex(ReadersWriter):
             "max_bytes", max_bytes, minimum=MIN_BYTES)
         self._none_hash = none_hash(event_hash_seed) if event_hash == "sha256_cbor" else None
         self._no_keys = np.empty(0, np.uint64)  # overlap's hkeys: the kernel hashes
+        self._hmaps = {}       # column -> its handle map (engine hash -> page key)
         self._cols = {}        # worker id -> column
         self._col_ids = []     # column -> worker id (None: a free column)
         self._order = []       # the worker ids in the order they were registered
@@ -195,19 +204,38 @@ class RouterIndex(ReadersWriter):
     _bit = staticmethod(storage._bit)
     _columns_changed = storage._columns_changed
     memory_report = storage.memory_report
+    _new_handles = storage._new_handles
+    _handle_room = storage._handle_room
+    _handle_bytes = storage._handle_bytes
+    _handle_put = storage._handle_put
+    _handle_del = storage._handle_del
 
     # ------------------------------------------------------------ events (events.py)
     _parse = events._parse
     apply = events.apply
     apply_snapshot = events.apply_snapshot
+    _seq_check = events._seq_check
     _apply_strict = events._apply_strict
     _apply_lenient = events._apply_lenient
     _apply_one = events._apply_one
     _keys_of = events._keys_of
+    _apply_keys = events._apply_keys
+    _tokens_of = events._tokens_of
+    _seen_for = events._seen_for
+    _extras = events._extras
     _undo = events._undo
     _add = events._add
     _drop_held = events._drop_held
     _clear = events._clear
+
+    # ------------------------------------------------------------ wire batches (wire.py)
+    apply_wire = wire.apply_wire
+    read_wire = staticmethod(wire.decode)
+    _wire_run = wire._run
+    _wire_strict = wire._wire_strict
+    _wire_lenient = wire._wire_lenient
+    _undo_run = wire.undo_run
+    _event_at = wire._event_at
 
     # ------------------------------------------------------------ workers (workers.py)
     add_worker = workers_.add_worker
@@ -222,6 +250,7 @@ class RouterIndex(ReadersWriter):
     # ------------------------------------------------------------ queries (queries.py)
     _page_keys = queries._page_keys
     _seed = queries._seed
+    _query_seed = queries._query_seed
     _res_size = staticmethod(queries._res_size)
     overlap = queries.overlap
     overlap_scores = queries.overlap_scores

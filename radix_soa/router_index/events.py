@@ -8,13 +8,17 @@ import numpy as np
 
 from .._events.block_hash import key64
 from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventError,
-                                 event_from_dict)
+                                 event_from_dict, extra_hash)
 from .._input.validate import check_int
 from .._kernels import router as router_kernels
+from .._kernels import router_keys as hx
 from .workers import worker_id
 
 _BOOL = (bool, np.bool_)
-_ADD, _DROP, _FORGOT = 0, 1, 2  # the kinds of a strict call's undo steps
+_NO_EXTRAS = np.zeros(0, np.uint64)
+MASK64 = (1 << 64) - 1
+# the kinds of a strict call's undo steps: pages, the budget's count, the handle maps
+_ADD, _DROP, _FORGOT, _HMAP, _HDEL, _HPUT = 0, 1, 2, 3, 4, 5
 
 
 def _parse(self, events):
@@ -29,10 +33,6 @@ def _parse(self, events):
         if isinstance(e, BlockStored) and e.block_size != self._page:
             raise EventError(f"event {i}: block_size {e.block_size} but this index has "
                              f"page_size {self._page}")
-        if (self._none_hash is None and not isinstance(e, AllBlocksCleared) and e.block_hashes
-                and isinstance(e.block_hashes[0], bytes)):
-            raise EventError(f"event {i}: bytes block hashes, but this index has "
-                             "event_hash='fast64' (make it with event_hash='sha256_cbor')")
         parsed.append(e)
     return parsed
 
@@ -74,15 +74,9 @@ def apply(self, worker, events, *, strict=None, seq=None):
         seq = check_int("seq", seq, minimum=0)
     parsed = self._parse(events)
     with self._writing:
-        last = self._seq.get(worker)
-        if seq is not None and last is not None and seq <= last:
+        skip, gap = self._seq_check(worker, seq, strict)
+        if skip:
             return  # a duplicate (or a batch older than one applied): skipped
-        gap = None
-        if seq is not None and last is not None and seq != last + 1:
-            gap = (f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never "
-                   "arrived")
-            if strict:
-                raise EventError(gap)
         new = worker not in self._cols
         col = self._column(worker, True)
         if strict:
@@ -93,6 +87,22 @@ def apply(self, worker, events, *, strict=None, seq=None):
             self._register(worker, col)
         if seq is not None:
             self._seq[worker] = seq
+
+
+def _seq_check(self, worker, seq, strict):
+    """``(skip, gap)`` of a call numbered ``seq``: skip a duplicate (or a
+    call older than one applied); a gap's problem (strict: raised)."""
+    last = self._seq.get(worker)
+    if seq is None or last is None:
+        return False, None
+    if seq <= last:
+        return True, None
+    if seq == last + 1:
+        return False, None
+    gap = f"seq {seq}: calls {last + 1}..{seq - 1} of worker {worker!r} never arrived"
+    if strict:
+        raise EventError(gap)
+    return False, gap
 
 
 def _apply_strict(self, worker, col, new, parsed, first=0):
@@ -176,22 +186,58 @@ def _apply_one(self, i, col, worker, e, undo):
         self._clear(w, bit, undo)
         forgot = int(self._forgot[col])
         self._forgot[col] = 0
+        old = self._hmaps[col]
+        self._hmaps[col] = self._new_handles()
         if undo is not None:
             undo.append((_FORGOT, col, forgot))
+            undo.append((_HMAP, col, old))
         return None
-    hashes = self._keys_of(e.block_hashes)
+    stored = isinstance(e, BlockStored)
+    has_parent = stored and e.parent_block_hash is not None
+    if self._none_hash is not None:  # keyed by the engine's hash itself
+        parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
+        return self._apply_keys(i, col, worker, e, undo, self._keys_of(e.block_hashes),
+                                parent, has_parent)
+    # keyed by their tokens: the engine's hashes are handles
+    handles = self._keys_of(e.block_hashes)
+    hk, hv, _ = self._hmaps[col]
+    if not stored:
+        keys = np.empty(handles.shape[0], np.uint64)
+        had = np.empty(handles.shape[0], np.int8)
+        hx.hx_keys(hk, hv, handles, keys, had)
+        problem = self._apply_keys(i, col, worker, e, undo, keys, np.uint64(0), False)
+        self._handle_del(col, handles)
+        if undo is not None:
+            undo.append((_HPUT, col, handles[had == 1], keys[had == 1]))
+        return problem
+    if has_parent:
+        parent = np.uint64(hx.hx_key(hk, hv, np.uint64(key64(e.parent_block_hash))))
+    else:
+        parent = self._seed(e.namespace)
+    keys = np.empty(handles.shape[0], np.uint64)
+    hx.token_keys(self._tokens_of(e), 0, self._page, parent, self._extras(e), keys)
+    problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent)
+    if not np.array_equal(handles, keys):
+        self._handle_put(col, handles, keys)
+        if undo is not None:
+            undo.append((_HDEL, col, handles))
+    return problem
+
+
+def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
+    """``_apply_one`` of a stored run or removal whose pages' keys are
+    ``hashes`` (a stored run's after the page of key ``parent``)."""
+    w, bit = self._bit(col)
     n = hashes.shape[0]
     codes = np.empty(n, np.int8)
     stored = isinstance(e, BlockStored)
-    has_parent = stored and e.parent_block_hash is not None
-    parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
     cap = None if self._max_bytes is None else self._node_budget()
     # the common event in one kernel call: every page applies as it is
     if not stored:
         parents = np.empty(n, np.uint64)
         hasp = np.empty(n, np.int8)
         if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                        self._meta, w, bit, hashes, codes, parents, hasp) < 0:
+                        self._meta, w, bit, hashes, codes, parents, hasp, self._seen_for(n)) < 0:
             if undo is not None:
                 undo.append((_ADD, w, bit, hashes, parents, hasp))
             return None
@@ -199,13 +245,13 @@ def _apply_one(self, i, col, worker, e, undo):
         self._reserve(n)
         where, bad = router_kernels.rx_store(self._table, self._keys, self._pkeys, self._flags,
                                  self._masks, self._meta, w, bit, hashes, parent, has_parent,
-                                 self._stamps, codes)
+                                 self._stamps, codes, self._seen_for(n))
         if where == router_kernels.P_HELD and bad < 0:
             if undo is not None:
                 undo.append((_DROP, w, bit, hashes))
             return None
     where = router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                           w, bit, hashes, parent, has_parent, stored, codes)
+                           w, bit, hashes, parent, has_parent, stored, codes, self._seen_for(n))
     forgot = int(self._forgot[col])
     if not stored:
         # a removal of a page the budget forgot: gone from the index, or
@@ -266,9 +312,41 @@ def _apply_one(self, i, col, worker, e, undo):
 
 def _keys_of(self, block_hashes):
     """The 64-bit keys of an event's (checked) block hashes."""
-    if self._none_hash is None:  # ints in [0, 2**64) already
+    if not block_hashes or not isinstance(block_hashes[0], bytes):  # ints in [0, 2**64)
         return np.array(block_hashes, np.uint64)
     return np.array([key64(h) for h in block_hashes], np.uint64)
+
+
+def _seen_for(self, n):
+    """``rx_classify``'s scratch set for ``n`` hashes: empty for one, else
+    at least 2n slots (kept, all zero between calls; not part of the index's bytes)."""
+    if n <= 1:
+        return _NO_EXTRAS
+    seen = self.__dict__.get("_seen")
+    if seen is None or seen.shape[0] < 2 * n:
+        seen = self.__dict__["_seen"] = np.zeros(1 << (2 * n - 1).bit_length(), np.uint64)
+    return seen
+
+
+def _tokens_of(self, e):
+    """A stored run's tokens as int64 (checked ints already)."""
+    try:
+        return np.array(e.token_ids, np.int64)
+    except OverflowError:  # past int64: hashed as their low 64 bits, as the cache does
+        return np.array([t & MASK64 for t in e.token_ids], np.uint64).view(np.int64)
+
+
+def _extras(self, e):
+    """Per page of a stored run, the hash of its extra keys (its LoRA name,
+    carried by the namespace already, left out), 0 for none; empty when no
+    page has any."""
+    ek = e.extra_keys
+    if not ek:
+        return _NO_EXTRAS
+    out = np.zeros(len(e.block_hashes), np.uint64)
+    for j, keys in enumerate(ek[:out.shape[0]]):
+        out[j] = extra_hash(keys, e.lora_name)
+    return out
 
 def _undo(self, steps):
     """Undo a strict call's steps, last first. They are tuples, not
@@ -280,8 +358,16 @@ def _undo(self, steps):
             self._add(*step[1:])
         elif kind == _DROP:
             self._drop_held(*step[1:])
-        else:
+        elif kind == _FORGOT:
             self._forgot[step[1]] = step[2]
+        elif kind == _HMAP:
+            self._hmaps[step[1]] = step[2]
+        elif kind == _HDEL:
+            self._handle_del(step[1], step[2])
+        elif kind == _HPUT:
+            self._handle_put(step[1], step[2], step[3])
+        else:  # a run of events apply_wire's kernel applied
+            self._undo_run(*step[1:])
 
 def _add(self, w, bit, hashes, parents, hasp):
     self._reserve(hashes.shape[0])
@@ -293,7 +379,7 @@ def _drop_held(self, w, bit, hashes):
     (an undo: the budget may have forgotten some meanwhile)."""
     codes = np.empty(hashes.shape[0], np.int8)
     router_kernels.rx_classify(self._table, self._keys, self._pkeys, self._flags, self._masks, w, bit,
-                   hashes, np.uint64(0), False, False, codes)
+                   hashes, np.uint64(0), False, False, codes, self._seen_for(hashes.shape[0]))
     held = hashes[codes == router_kernels.C_OK]
     parents = np.empty(held.shape[0], np.uint64)
     hasp = np.empty(held.shape[0], np.int8)

@@ -8,7 +8,9 @@ Bound as methods by ``core.RouterIndex``.
 import numpy as np
 
 from .._kernels import router as router_kernels
+from .._kernels import router_keys as hx
 
+_NO_SLOTS = np.zeros(0, np.uint64)
 MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
 
 
@@ -45,20 +47,24 @@ def _node_bytes(self):
     return 17 + 8 * self._words + (0 if self._max_bytes is None else 8)
 
 def _fixed_bytes(self):
-    return 8 * (router_kernels.X_SIZE + self._live.shape[0] + self._forgot.shape[0] + 1)
+    """The bytes beside the node arrays: meta, the columns' words, the
+    handle maps (as they are now)."""
+    return (8 * (router_kernels.X_SIZE + self._live.shape[0] + self._forgot.shape[0] + 1)
+            + self._handle_bytes())
 
 def _node_budget(self):
     """The most nodes whose arrays (and a table at load <= 3/4) fit
-    ``max_bytes`` (with this many mask words; cached)."""
-    if self._budget_words == self._words:
+    ``max_bytes`` (with this many mask words and these handle maps; cached)."""
+    fixed = self._fixed_bytes()
+    if self._budget_words == (self._words, fixed):
         return self._budget_nodes
-    room = self._max_bytes - self._fixed_bytes()
+    room = self._max_bytes - fixed
     per = self._node_bytes()
     best, slots = 0, 128
     while 4 * slots < room:
         best = max(best, min(3 * slots // 4, (room - 4 * slots) // per))
         slots *= 2
-    self._budget_words, self._budget_nodes = self._words, best
+    self._budget_words, self._budget_nodes = (self._words, fixed), best
     return best
 
 def _reserve(self, new):
@@ -120,6 +126,7 @@ def _column(self, worker, create):
                 self._forget(int(self._meta[router_kernels.X_LIVE]) - cap)
             nodes = min(nodes, cap)
         self._alloc(nodes, self._table.shape[0], self._arrays())
+    self._hmaps[col] = self._new_handles()
     self._forgot[col] = 0  # a fresh column (its events may add to it before _register)
     return col
 
@@ -161,6 +168,7 @@ def memory_report(self):
                   "masks": self._masks, "stamps": self._stamps, "table": self._table,
                   "meta": self._meta, "live": self._live, "forgot": self._forgot}
         sizes = {k: int(a.nbytes) for k, a in arrays.items()}
+        sizes["handles"] = self._handle_bytes()
         total = sum(sizes.values())
         pages = int(self._meta[router_kernels.X_LIVE])
         return {"bytes": total, "bytes_per_page": total / pages if pages else 0.0,
@@ -168,3 +176,42 @@ def memory_report(self):
                 "node_capacity": int(self._keys.shape[0]),
                 "table_slots": int(self._table.shape[0]), "max_bytes": self._max_bytes,
                 "forgotten_pages": self._forgotten, "arrays": sizes}
+
+
+def _new_handles(self):
+    """An empty handle map (``router_keys``): ``[hk, hv, entries]``, no
+    slots until a page needs an entry."""
+    return [_NO_SLOTS, _NO_SLOTS, 0]
+
+
+def _handle_room(self, col, new):
+    """Column ``col``'s handle map with room for ``new`` more entries
+    (load <= 3/4; it doubles from 8 slots)."""
+    m = self._hmaps[col]
+    hk, hv, n = m
+    need = n + new
+    if 4 * need <= 3 * hk.shape[0] or new == 0:
+        return m
+    size = max(8, hk.shape[0])
+    while 4 * need > 3 * size:
+        size *= 2
+    nk, nv = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
+    hx.hx_rebuild(nk, nv, hk, hv)
+    m[0], m[1] = nk, nv
+    return m
+
+
+def _handle_put(self, col, es, vs):
+    """Give column ``col``'s handle map the pairs ``es`` -> ``vs``."""
+    m = self._handle_room(col, es.shape[0])
+    m[2] += hx.hx_put_all(m[0], m[1], es, vs)
+
+
+def _handle_del(self, col, es):
+    """Drop the entries of ``es`` from column ``col``'s handle map."""
+    m = self._hmaps[col]
+    m[2] -= hx.hx_del_all(m[0], m[1], es)
+
+
+def _handle_bytes(self):
+    return sum(m[0].nbytes + m[1].nbytes for m in self._hmaps.values())

@@ -49,6 +49,7 @@ def remove_worker(self, worker):
         w, bit = self._bit(col)
         self._clear(w, bit)
         del self._cols[worker]
+        self._hmaps.pop(col, None)
         self._col_ids[col] = None
         self._order.remove(worker)
         self._status.pop(worker, None)

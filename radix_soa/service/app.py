@@ -70,8 +70,8 @@ from .._events.kv_events import EventError, namespace_seed
 from ..router_index import rules
 from ..router_index import RouterIndex
 from .metrics import Histogram, family, label
-from .schema import (LOAD_FIELDS, BadRequest, check_keys, cut, loads_of, namespace_of,
-                     parse_body, read_tokens, shown)
+from .schema import (LOAD_FIELDS, BadRequest, batch_of, check_keys, cut, keys_of, loads_of,
+                     namespace_of, parse_body, read_tokens, shown)
 
 __all__ = ["RouterService", "POLICIES", "restore"]
 
@@ -79,7 +79,8 @@ POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
 ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/readyz",
              "/snapshot", "/metrics")
-ROUTE_FIELDS = ("tokens", "namespace", "policy", "loads")
+OVERLAP_FIELDS = ("tokens", "namespace", "lora_name", "extra_keys")
+ROUTE_FIELDS = OVERLAP_FIELDS + ("policy", "loads")
 MAX_BODY = 64 << 20
 MAX_WORKER_ID = 256   # characters of a worker id posted to /events
 OFF_LOOP = 1 << 20    # a body larger than this is parsed and applied off the event loop
@@ -302,20 +303,44 @@ class RouterService:
 
     # ------------------------------------------------------------ handlers
     def _overlap(self, raw):
-        body, tokens = read_tokens(raw, ("tokens", "namespace"))
-        rep = self.index.overlap_report(tokens, namespace_of(body))
+        if b'"batch"' in raw:  # (only then: the one-list body keeps its fast path)
+            body = parse_body(raw)
+            if "batch" in body:
+                return self._overlap_batch(body)
+        body, tokens = read_tokens(raw, OVERLAP_FIELDS)
+        lora, extra = keys_of(body)
+        rep = self.index.overlap_report(tokens, namespace_of(body), lora_name=lora,
+                                        extra_keys=extra)
         v = self._current(list(rep.scores))
         return 200, {"overlap": dict(zip(v.names, rep.scores.values())),
                      "degraded": [n for n, w in zip(v.names, v.ids) if w in rep.degraded],
                      "syncing": [n for n, w in zip(v.names, v.ids) if w in rep.syncing]}
 
+    def _overlap_batch(self, body):
+        """``POST /overlap`` of a waiting queue: ``{"batch": [tokens, ...]}``
+        scored against every worker in one kernel call."""
+        check_keys(body, ("batch",) + OVERLAP_FIELDS[1:])
+        rows = batch_of(body)
+        lora, extra = keys_of(body)
+        with self.index._lock:  # the columns and the statuses at the instant of the scores
+            ids = self.index.workers
+            statuses = self.index.statuses()
+        scores = self.index.overlap_batch(rows, namespace_of(body), lora_name=lora,
+                                          extra_keys=extra)
+        v = self._current(ids)
+        st = [statuses.get(w, ("exact", None))[0] for w in v.ids]
+        return 200, {"workers": v.names, "overlaps": scores.tolist(),
+                     "degraded": [n for n, x in zip(v.names, st) if x == "degraded"],
+                     "syncing": [n for n, x in zip(v.names, st) if x == "syncing"]}
+
     def _route(self, raw):
         body, tokens = read_tokens(raw, ROUTE_FIELDS)
         ns = namespace_of(body)
+        lora, extra = keys_of(body)
         policy = body.get("policy", self.policy)
         if policy not in POLICIES:
             raise BadRequest(f"policy must be one of {', '.join(POLICIES)}; got {shown(policy)}")
-        rep = self.index.overlap_report(tokens, ns)
+        rep = self.index.overlap_report(tokens, ns, lora_name=lora, extra_keys=extra)
         v = self._current(list(rep.scores))
         if not v.ids:
             return 503, {"error": "no workers are registered"}
@@ -362,17 +387,45 @@ class RouterService:
         return 200, {"loads": {n: dict(zip(LOAD_FIELDS, self._load_row(w)))
                                for n, w in zip(v.names, v.ids)}}
 
-    def _events(self, raw):
-        body = parse_body(raw, stream=("events",))
-        check_keys(body, ("worker", "events", "seq"))
+    def _events_wire(self, raw):
+        """``POST /events`` of a msgpack body ``{"worker": name, "seq": n or
+        nil, "batch": <a vLLM KVEventBatch's msgpack bytes>}``: the batch
+        applied from its bytes (``RouterIndex.apply_wire``)."""
+        try:
+            import msgpack
+            body = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except ImportError:
+            raise BadRequest("a msgpack body needs msgpack: pip install msgpack") from None
+        except Exception as e:  # msgpack raises several kinds for bad bytes
+            raise BadRequest(f"the body is neither JSON nor msgpack ({type(e).__name__})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("a msgpack body is a map of worker, seq and batch")
+        check_keys(body, ("worker", "seq", "batch"))
+        batch = body.get("batch")
+        if not isinstance(batch, bytes):
+            raise BadRequest("batch must be the bytes of a vLLM KVEventBatch (msgpack bin)")
+        w, name, seq, duplicate = self._poster(body)
+        if duplicate:
+            return 200, {"worker": name, "applied": 0, "duplicate": True}
+        try:
+            got = self.index.apply_wire(w, batch, seq=seq)
+        except (EventError, TypeError, ValueError, OverflowError, KeyError) as e:
+            raise BadRequest(f"batch: {e}") from None
+        if seq is not None:
+            self._posted_seq[w] = seq
+        p = self._posted.setdefault(w, [0, 0])
+        p[0] += 1
+        p[1] += got.events
+        return 200, {"worker": name, "applied": got.events}
+
+    def _poster(self, body):
+        """``(worker id, name, seq, duplicate)`` of an ``/events`` body,
+        checked (``duplicate``: ``seq`` is at most the last one applied)."""
         name = body.get("worker")
         if (not isinstance(name, str) or not name or len(name) > MAX_WORKER_ID
                 or not name.isprintable()):
             raise BadRequest(f"worker must be a non-empty printable string of at most "
                              f"{MAX_WORKER_ID} characters; got {shown(name)}")
-        events = body.get("events")
-        if not isinstance(events, list):
-            raise BadRequest("events must be a list of event objects")
         seq = body.get("seq")
         if seq is not None and (type(seq) is not int or not 0 <= seq < 1 << 63):
             raise BadRequest(f"seq must be an integer >= 0; got {shown(seq)}")
@@ -389,7 +442,18 @@ class RouterService:
         w = v.ids[v.pos[name]] if name in v.pos else name
         # the index's own record (kept across a checkpoint) when this service posted none
         last = self._posted_seq.get(w, getattr(self.index, "_seq", {}).get(w))
-        if seq is not None and last is not None and seq <= last:
+        return w, name, seq, seq is not None and last is not None and seq <= last
+
+    def _events(self, raw):
+        if raw[:1] and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)):  # a msgpack map
+            return self._events_wire(raw)
+        body = parse_body(raw, stream=("events",))
+        check_keys(body, ("worker", "events", "seq"))
+        events = body.get("events")
+        if not isinstance(events, list):
+            raise BadRequest("events must be a list of event objects")
+        w, name, seq, duplicate = self._poster(body)
+        if duplicate:
             return 200, {"worker": name, "applied": 0, "duplicate": True}
         try:
             self.index.apply(w, events, seq=seq)

@@ -15,10 +15,11 @@ import re
 
 import numpy as np
 
+from .._events.kv_events import extra_hash
 from .._kernels import text as text_kernels
 
 __all__ = ["cut", "shown", "BadRequest", "parse_body", "read_tokens", "tokens_of",
-           "namespace_of", "loads_of", "LOAD_FIELDS"]
+           "namespace_of", "loads_of", "keys_of", "batch_of", "LOAD_FIELDS"]
 
 # what a worker's load holds (all counts >= 0): outstanding requests and
 # their tokens (least_loaded, cache_aware's balance), KV blocks held by
@@ -198,6 +199,32 @@ def namespace_of(body):
     if ns is None or isinstance(ns, str) or (type(ns) is int and -(1 << 63) <= ns < 1 << 63):
         return ns
     raise BadRequest(f"namespace must be null, an integer or a string; got {_kind(ns)}")
+
+
+def keys_of(body):
+    """``(lora_name, extra_keys)`` of a query body: absent or null, a
+    string (the LoRA adapter's name), and a list of the keys vLLM folds
+    into a request's first block (such as its cache salt)."""
+    lora = body.get("lora_name")
+    if lora is not None and not isinstance(lora, str):
+        raise BadRequest(f"lora_name must be null or a string; got {_kind(lora)}")
+    extra = body.get("extra_keys")
+    if extra is not None:
+        if not isinstance(extra, list):
+            raise BadRequest(f"extra_keys must be null or a list; got {_kind(extra)}")
+        try:
+            extra_hash(extra)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"extra_keys: {exc}") from None
+    return lora, extra
+
+
+def batch_of(body):
+    """``body["batch"]``: a list of token lists, as int64 arrays."""
+    rows = body.get("batch")
+    if not isinstance(rows, list):
+        raise BadRequest(f"batch must be a list of token lists; got {_kind(rows)}")
+    return [tokens_of({f"batch[{i}]": r}, f"batch[{i}]") for i, r in enumerate(rows)]
 
 
 def loads_of(value, names, field="loads", delta=False):
