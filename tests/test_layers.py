@@ -209,28 +209,6 @@ def test_kernels_fall_back_when_numba_lacks_the_private_nrt_flag():
     assert config.HAS_NRT_FLAG == config.nrt_flag_supported()
 
 
-def test_a_callee_compiles_once_whatever_constants_its_callers_pass():
-    # Numba's own dispatcher compiles a callee once per literal argument
-    # (f(a, 1), f(a, 2), f(a, k)) and per argument left out (g(a), g(a, None))
-    jit = config.kernel_jit(cache=False)
-
-    @jit
-    def f(a, k):
-        return a[0] + k
-
-    @jit
-    def g(a, ev=None):
-        return a[0] if ev is None else a[0] + ev[0]
-
-    @jit
-    def callers(a, k):
-        return f(a, 1) + f(a, 2) + f(a, k) + f(a, True) + g(a) + g(a, None)
-
-    assert callers(np.arange(3), 5) == 0 + 1 + 0 + 2 + 0 + 5 + 0 + 1 + 0 + 0
-    assert len(f.signatures) == 2 and len(g.signatures) == 1  # f: (a, int64), (a, bool)
-    assert g(np.arange(3), np.arange(1, 2)) == 1  # still called with an array
-
-
 def test_kernel_source_hash_follows_every_kernel_file(tmp_path):
     pkg = tmp_path / "_kernels"
     shutil.copytree(PACKAGE / "_kernels", pkg, ignore=shutil.ignore_patterns("__pycache__"))

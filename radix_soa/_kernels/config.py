@@ -74,7 +74,7 @@ class KernelDispatcher(CPUDispatcher):
         return template, pysig, args, {}
 
 
-def kernel_jit(cache=True, **options):
+def _njit(cache=True, **options):
     """``njit(cache=cache, **options)``, making ``KernelDispatcher``s."""
     options["nopython"] = True
     options.setdefault("boundscheck", None)
@@ -88,8 +88,8 @@ def kernel_jit(cache=True, **options):
 
 
 # Any: a Numba dispatcher takes whatever its compiled signatures do
-kernel: Any = kernel_jit(**kernel_options())
-kernel_nogil: Any = kernel_jit(**kernel_options(nogil=True))
-kernel_alloc: Any = kernel_jit(cache=True)
-kernel_scratch: Any = kernel_jit(cache=True, nogil=True)
-kernel_parallel: Any = kernel_jit(cache=True, parallel=True)
+kernel: Any = _njit(**kernel_options())
+kernel_nogil: Any = _njit(**kernel_options(nogil=True))
+kernel_alloc: Any = _njit(cache=True)
+kernel_scratch: Any = _njit(cache=True, nogil=True)
+kernel_parallel: Any = _njit(cache=True, parallel=True)
