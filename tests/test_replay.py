@@ -271,7 +271,7 @@ def compiled_signatures():
     for m in pkgutil.iter_modules(K.__path__):
         mod = importlib.import_module(f"radix_soa._kernels.{m.name}")
         for name, obj in vars(mod).items():
-            if hasattr(obj, "signatures") and not isinstance(obj, type):  # not a dispatcher class
+            if hasattr(obj, "signatures"):
                 out[(mod.__name__, name)] = len(obj.signatures)
     return out
 
