@@ -48,8 +48,8 @@ collect_ignore = [str(_ROOT / "radix_soa" / (name + ".py")) for name in (
 
 def _log_compiles(path):
     """Append a JSON line per Numba compile of this process to ``path``
-    (``RADIX_SOA_COMPILE_LOG``: which kernels a test session compiles where;
-    read by ``asv_bench/compile_profile.py --log``)."""
+    (``RADIX_SOA_COMPILE_LOG``: which kernels a test session compiles, in
+    which worker, and their CPU seconds, their callees' excluded)."""
     import atexit
     import json
     import time
