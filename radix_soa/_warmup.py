@@ -24,6 +24,8 @@ def warmup(dtypes=(np.int64,)):
         warmup_mapped(dtype)
         for values in (True, False):
             warmup_prefix(dtype, values)
+    warmup_chunked()
+    warmup_router()
     warmup_replay()
     warmup_cluster()
     return len(dtypes)
@@ -93,6 +95,52 @@ def warmup_prefix(dtype=np.int64, values=True):
     return pc
 
 
+def warmup_chunked():
+    """Compile (or load) what a chunked Arrow column runs in place
+    (``exists_batch``, ``match_length_batch``, ``insert_batch`` over its
+    chunks); nothing without pyarrow. Returns whether it ran."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return False
+    col = pa.chunked_array([pa.array([[1, 2], [3]], pa.list_(pa.int64())),
+                            pa.array([[1, 2, 3]], pa.list_(pa.int64()))])
+    rc = RadixCache()
+    rc.insert_batch(col)
+    for parallel in (False, True):
+        rc.exists_batch(col, parallel=parallel)
+        rc.match_length_batch(col, parallel=parallel)
+    return True
+
+
+def warmup_router():
+    """Compile (or load) what a ``RouterIndex`` runs: events as objects and
+    from vLLM's wire bytes (pages keyed by their tokens, engine hashes as
+    handles), single and batch overlaps. Returns the index.
+
+    >>> warmup_router().overlap([1, 2, 3, 4]).tolist()
+    [4, 2]
+    """
+    from ._events.kv_events import BlockStored
+    from .router_index import RouterIndex
+
+    pc = PrefixCache(page_size=2, events=True, values=False)
+    pc.insert([1, 2, 3, 4])
+    ix = RouterIndex(page_size=2, workers=["a", "b"])
+    ix.apply("a", pc.take_events())
+    try:
+        from .integrations.vllm_wire import encode_batch
+    except ImportError:  # msgpack absent: the object path only
+        ix.apply("b", [BlockStored([b"h" * 32], None, [1, 2], 2)])
+    else:
+        ix.apply_wire("b", encode_batch([{"type": "BlockStored", "block_hashes": [b"h" * 32],
+                                          "parent_block_hash": None, "token_ids": [1, 2],
+                                          "block_size": 2}]))
+    ix.overlap_scores([1, 2, 3])
+    ix.overlap_batch([[1, 2, 3], [1]])
+    return ix
+
+
 def warmup_replay():
     """Compile (or load) what a replay runs: every schedule, with and
     without a host tier, on requests that make both tiers grow, evict and
@@ -144,6 +192,8 @@ GROUPS = (
     ("prefix", "PrefixCache with values, the serving API", lambda: warmup_prefix(values=True)),
     ("prefix-novalues", "PrefixCache(values=False)", lambda: warmup_prefix(values=False)),
     ("mapped", "memory-mapped RadixCache", warmup_mapped),
+    ("chunked", "chunked Arrow columns in place", warmup_chunked),
+    ("router", "RouterIndex: events, wire batches, overlaps", warmup_router),
     ("replay", "replay, every schedule", warmup_replay),
     ("cluster", "cluster replay, every router", warmup_cluster),
 )

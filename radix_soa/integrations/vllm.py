@@ -11,21 +11,11 @@ connects a SUB socket (and a DEALER for replays) to each worker's publisher
 and applies every batch to ``index`` as the worker's, in order, from one
 thread polling every socket (or from your own calls to ``poll_once``).
 
-What it does with the sequence numbers is judged by
-``radix_soa.integrations.stream_rules.StreamRules`` (one per worker; this
-class is its I/O): at the start the worker's pages are cleared and its
-stream asked of the replay socket from 0 at once (the worker is
-``syncing`` until the replay answers: ``RouterIndex.status``); a gap asks
-the replay from the last batch applied, which it must repeat (another
-payload, or nothing from there on: the engine restarted, cleared and asked
-from 0; a batch no replay gives: degraded); a reconnect of the PUB socket
-(a ZMQ monitor sees its handshakes) makes the worker syncing and asks the
-same replay at once; a worker quiet for ``probe_every`` seconds is probed
-the same way (a dropped last batch, an idle restarted engine); a seq going
-down, or the highest again with another payload, is a restart; the same
-payload again, a duplicate. A message that cannot be tied to a seq is
-counted (``junk``) and dropped; a payload that cannot be decoded is asked
-again of the replay socket. Nothing a publisher sends stops the thread.
+What it does with the sequence numbers (duplicates, gaps, restarts,
+reconnects, probes of a quiet worker, junk) is judged by
+``radix_soa.integrations.stream_rules.StreamRules``, one per worker; this
+class is only its I/O. A worker is ``syncing`` until its replay confirms it
+(``RouterIndex.status``). Nothing a publisher sends stops the thread.
 
 Each batch applies with ``strict=False`` (the rules judged its order).
 Events of another ``medium`` than ``"GPU"`` (CPU offloading tiers) or
@@ -56,136 +46,15 @@ True
 import queue
 import threading
 import time
-from typing import NamedTuple
 
-from ..router_index.wire import decode as read_wire
-from .stream_rules import StreamRules
+from .vllm_feed import Endpoint, Feed, as_endpoint, parse_worker
 from .vllm_wire import END_SEQ, zmq
 from .._events.kv_events import EventError
 from ..router_index import RouterIndex, worker_id
 
-__all__ = ["KVEventSubscriber", "Endpoint"]
+__all__ = ["KVEventSubscriber", "Endpoint", "as_endpoint", "parse_worker", "main"]
 
-SUB_HWM = 100_000  # vLLM's PUB high-water mark: batches queued before ZMQ drops
-_IO_STATS = ("batches", "events", "skipped", "junk", "errors")
 _PUB, _REPLAY, _MONITOR = 0, 1, 2  # what a polled socket is
-
-
-class Endpoint(NamedTuple):
-    """Where a worker publishes: its PUB address (``tcp://host:5557``), its
-    replay (ROUTER) address or None, and the topic it publishes under."""
-    pub: str
-    replay: object = None
-    topic: str = ""
-
-
-def as_endpoint(spec, name="endpoint"):
-    """``spec`` as an ``Endpoint``: a PUB address str, a tuple ``(pub,
-    replay[, topic])``, a dict or an object with ``pub`` (and ``replay``,
-    ``topic``); ``TypeError`` / ``ValueError`` naming ``name`` otherwise.
-
-    >>> as_endpoint("tcp://h:5557"), as_endpoint({"pub": "tcp://h:1", "replay": "tcp://h:2"}).replay
-    (Endpoint(pub='tcp://h:5557', replay=None, topic=''), 'tcp://h:2')
-    """
-    if isinstance(spec, str):
-        ep = Endpoint(spec)
-    elif isinstance(spec, tuple) and not hasattr(spec, "pub"):
-        if not 1 <= len(spec) <= 3:
-            raise ValueError(f"{name}: a tuple is (pub, replay[, topic]); got {len(spec)} items")
-        ep = Endpoint(*spec)
-    elif isinstance(spec, dict):
-        unknown = set(spec) - set(Endpoint._fields)
-        if unknown or "pub" not in spec:
-            raise ValueError(f"{name}: a dict has 'pub' and maybe 'replay', 'topic'; got "
-                             f"{sorted(map(str, spec))}")
-        ep = Endpoint(**spec)
-    elif hasattr(spec, "pub"):
-        ep = Endpoint(spec.pub, getattr(spec, "replay", None), getattr(spec, "topic", "") or "")
-    else:
-        raise TypeError(f"{name} must be an address str, a (pub, replay[, topic]) tuple, a dict "
-                        f"or an object with .pub; got {type(spec).__name__}")
-    if not isinstance(ep.pub, str) or not ep.pub:
-        raise ValueError(f"{name}: the pub address must be a non-empty str; got {ep.pub!r}")
-    if ep.replay is not None and (not isinstance(ep.replay, str) or not ep.replay):
-        raise ValueError(f"{name}: the replay address must be None or a non-empty str; got "
-                         f"{ep.replay!r}")
-    if not isinstance(ep.topic, str):
-        raise TypeError(f"{name}: the topic must be a str; got {type(ep.topic).__name__}")
-    return ep
-
-
-class _Feed:
-    """One worker's sockets and stream state (touched by one thread)."""
-
-    def __init__(self, worker, endpoint, ctx):
-        self.worker, self.endpoint, self.ctx = worker, endpoint, ctx
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, SUB_HWM)
-        self.sub.setsockopt(zmq.SUBSCRIBE, endpoint.topic.encode("utf-8"))
-        self.replay = None
-        self.monitor = None
-        try:
-            # the SUB socket's handshakes: one after the first is a reconnect
-            # (a restarted publisher, or the network), told apart by a replay
-            self.monitor = self.sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            self.sub.connect(endpoint.pub)
-            self._connect_replay()
-        except BaseException:
-            self.close()
-            raise
-        self.rules = StreamRules(worker, has_replay=endpoint.replay is not None,
-                                 decode=read_wire)
-        self.deadline = None     # while a replay runs: when it is given up
-        self.handshakes_seen = 0  # the SUB socket's: the first is its connect
-        self.heard = False       # anything received from this publisher
-        self.since = time.time()  # when the status shown last changed
-        self.quiet_since = time.monotonic()  # the last PUB batch, or probe
-        self.shown = False       # the syncing reason shown in the index (False: none yet)
-        self.stats = dict.fromkeys(_IO_STATS, 0)
-        self.stats.update(last_error=None, data_parallel_rank=None, ts=None)
-        self.rules_error = None  # the rules' last_error already copied
-        self.rules_errors = 0    # and their count of errors
-
-    def _connect_replay(self):
-        if self.endpoint.replay is not None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            # no limit: a ROUTER drops what a full peer cannot take, and a
-            # replay is at most the publisher's buffer (10,000 batches)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            try:
-                sock.connect(self.endpoint.replay)
-            except BaseException:
-                sock.close(0)
-                raise
-            self.replay = sock
-
-    def reset_replay(self):
-        """A fresh DEALER: replies to a request given up never arrive."""
-        if self.replay is not None:
-            self.replay.close(0)
-            self._connect_replay()
-
-    def handshakes(self):
-        """How many handshakes the SUB socket made since the last call."""
-        n = 0
-        while self.monitor is not None:
-            try:
-                self.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-        return n
-
-    def close(self):
-        if self.monitor is not None:
-            if not self.sub.closed:  # a context destroyed by its owner closed it
-                self.sub.disable_monitor()
-            self.monitor.close(0)
-        self.sub.close(0)
-        if self.replay is not None:
-            self.replay.close(0)
 
 
 class KVEventSubscriber:
@@ -288,7 +157,7 @@ class KVEventSubscriber:
     # ------------------------------------------------------------ workers
     def _feed(self, worker, ep):
         try:
-            return _Feed(worker, ep, self._ctx)
+            return Feed(worker, ep, self._ctx)
         except zmq.ZMQError as exc:
             raise ValueError(f"the endpoint of worker {worker!r} ({ep.pub}, {ep.replay}): "
                              f"{exc}") from None
@@ -674,21 +543,6 @@ class KVEventSubscriber:
         st["ts"] = got.ts
 
 
-# ---------------------------------------------------------------- the command
-def parse_worker(text):
-    """``WORKER=PUB[,REPLAY[,TOPIC]]`` as ``(worker, Endpoint)``.
-
-    >>> parse_worker("gpu0=tcp://h:5557,tcp://h:5558")
-    ('gpu0', Endpoint(pub='tcp://h:5557', replay='tcp://h:5558', topic=''))
-    """
-    name, eq, rest = text.partition("=")
-    parts = rest.split(",")
-    if not eq or not name or not 1 <= len(parts) <= 3 or not parts[0]:
-        raise ValueError(f"a worker is WORKER=PUB[,REPLAY[,TOPIC]]; got {text!r}")
-    return name, as_endpoint((parts[0], parts[1] or None if len(parts) > 1 else None,
-                              parts[2] if len(parts) > 2 else ""), name)
-
-
 def main(argv=None):
     """``python -m radix_soa.integrations.vllm WORKER=PUB[,REPLAY[,TOPIC]]
     ...``: subscribe to vLLM publishers and print, every ``--interval``
@@ -704,11 +558,11 @@ def main(argv=None):
                                             "RouterIndex and print its state.")
     p.add_argument("workers", nargs="+", metavar="WORKER=PUB[,REPLAY[,TOPIC]]")
     p.add_argument("--page-size", type=int, default=16, help="vLLM's block_size (16)")
-    p.add_argument("--event-hash", choices=["sha256_cbor", "fast64"], default="sha256_cbor",
-                   help="the engines' hash: vLLM's sha256_cbor (--prefix-caching-hash-algo "
-                        "sha256_cbor) by default")
+    p.add_argument("--event-hash", choices=["fast64", "sha256_cbor"], default="fast64",
+                   help="fast64 (the default): pages keyed by their tokens, any engine hash; "
+                        "sha256_cbor: the engine-hash form, for events without token_ids")
     p.add_argument("--event-hash-seed", default=None,
-                   help="the engines' PYTHONHASHSEED (needed to score queries)")
+                   help="with --event-hash sha256_cbor: the engines' PYTHONHASHSEED")
     p.add_argument("--interval", type=float, default=5.0)
     p.add_argument("--duration", type=float, default=None)
     args = p.parse_args(argv)

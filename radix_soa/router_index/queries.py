@@ -95,6 +95,17 @@ def overlap(self, tokens, namespace=None, *, lora_name=None, extra_keys=None):
     first block beside it, such as its cache salt: ``[salt]``) select the
     pages such a request may reuse.
 
+    Parameters
+    ----------
+    tokens : sequence of int
+        The request's tokens.
+    namespace : int, str or None
+        The namespace the pages were cached under (None: the default).
+    lora_name : str or None
+        vLLM's LoRA adapter name: only that adapter's pages match.
+    extra_keys : list or None
+        What vLLM folds into the request's first block (``[cache_salt]``).
+
     >>> import radix_soa as rs
     >>> ix = rs.RouterIndex(page_size=2)
     >>> ix.apply("w", [rs.BlockStored([7, 8], None, [1, 2, 3, 4], 2, lora_name="a",
@@ -120,6 +131,17 @@ def overlap_scores(self, tokens, namespace=None, *, lora_name=None, extra_keys=N
     ``tokens`` it caches (every registered worker, 0 included), as
     Dynamo's ``OverlapScores``.
 
+    Parameters
+    ----------
+    tokens : sequence of int
+        The request's tokens.
+    namespace : int, str or None
+        The namespace the pages were cached under (None: the default).
+    lora_name : str or None
+        vLLM's LoRA adapter name: only that adapter's pages match.
+    extra_keys : list or None
+        What vLLM folds into the request's first block (``[cache_salt]``).
+
     >>> import radix_soa as rs
     >>> ix = rs.RouterIndex(page_size=2, workers=[("w", 1), ("w", 0)])
     >>> ix.overlap_scores([1, 2])
@@ -133,6 +155,17 @@ def overlap_report(self, tokens, namespace=None, *, lora_name=None, extra_keys=N
     """``overlap_scores``, the degraded workers and the syncing ones
     among them, at one instant: an ``OverlapReport(scores, degraded,
     syncing)``.
+
+    Parameters
+    ----------
+    tokens : sequence of int
+        The request's tokens.
+    namespace : int, str or None
+        The namespace the pages were cached under (None: the default).
+    lora_name : str or None
+        vLLM's LoRA adapter name: only that adapter's pages match.
+    extra_keys : list or None
+        What vLLM folds into the request's first block (``[cache_salt]``).
 
     >>> import radix_soa as rs
     >>> ix = rs.RouterIndex(page_size=2, workers=[0, 1], strict=False)
@@ -150,7 +183,19 @@ def overlap_batch(self, batch, namespace=None, *, lora_name=None, extra_keys=Non
     """``overlap`` of every sequence of ``batch`` (anything ``rs.pack``
     takes), each under the same ``namespace``, ``lora_name`` and
     ``extra_keys``: an int64 array of requests x workers, scored in one
-    kernel call without the GIL (the waiting queue in one pass)."""
+    kernel call without the GIL (the waiting queue in one pass).
+
+    Parameters
+    ----------
+    batch : anything ``rs.pack`` takes
+        The requests' tokens (a waiting queue).
+    namespace : int, str or None
+        The namespace the pages were cached under (None: the default).
+    lora_name : str or None
+        vLLM's LoRA adapter name: only that adapter's pages match.
+    extra_keys : list or None
+        What vLLM folds into the request's first block (``[cache_salt]``).
+    """
     seed = self._query_seed(namespace, lora_name, extra_keys)
     batches = list(as_batches(batch))
     if self._none_hash is not None:  # hashed here, row by row, then read at one instant
