@@ -799,7 +799,7 @@ def test_mark_degraded():
     (["w=tcp://127.0.0.1:1", "w=tcp://127.0.0.1:2"], "named twice"),
     (["w=tcp://127.0.0.1:1", "--page-size", "0"], "page_size"),
     (["w=tcp://127.0.0.1:1", "--interval", "0"], "--interval"),
-    (["w=tcp://127.0.0.1:1"], "event_hash_seed"),
+    (["w=tcp://127.0.0.1:1", "--event-hash", "sha256_cbor"], "event_hash_seed"),
 ])
 def test_the_command_exits_2_with_one_line(argv, says, capsys, monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
