@@ -207,7 +207,7 @@ def run_group(name):
     >>> run_group("nope")
     Traceback (most recent call last):
     ...
-    KeyError: "no warmup group 'nope'; groups: radix, prefix, prefix-novalues, mapped, replay, cluster"
+    KeyError: "no warmup group 'nope'; groups: radix, prefix, prefix-novalues, mapped, chunked, router, replay, cluster"
     """
     for group, _, fn in GROUPS:
         if group == name:
@@ -251,9 +251,11 @@ def warmup_groups(jobs=1, progress=None):
     prefix
     prefix-novalues
     mapped
+    chunked
+    router
     replay
     cluster
-    6
+    8
     """
     import time
     from concurrent.futures import ThreadPoolExecutor, as_completed

@@ -81,7 +81,7 @@ def decode(payload):
     >>> from radix_soa.integrations.vllm_wire import encode_batch
     >>> b = decode(encode_batch([{"type": "AllBlocksCleared"}]))
     >>> b.ev.shape[0], b.rank
-    (1, None)
+    (1, 0)
     """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise EventError(f"a payload is bytes; got {type(payload).__name__}")
