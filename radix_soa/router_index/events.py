@@ -130,12 +130,23 @@ def _apply_lenient(self, worker, col, new, parsed, gap):
                 problem = None
             elif problem is None:
                 problem = found
-    except BaseException:  # some events applied, not all: not exact
-        self._status[worker] = (f"an apply of {len(parsed)} events was interrupted "
-                                "(KeyboardInterrupt, MemoryError)")
-        if new:
-            self._register(worker, col)
+    except BaseException:
+        _interrupted(self, worker, col, new, len(parsed))
         raise
+    _settle(self, worker, problem)
+
+
+def _interrupted(self, worker, col, new, n):
+    """A lenient apply of ``n`` events stopped by an exception: some
+    applied, not all, so the worker is not exact (its new column kept)."""
+    self._status[worker] = (f"an apply of {n} events was interrupted "
+                            "(KeyboardInterrupt, MemoryError)")
+    if new:
+        self._register(worker, col)
+
+
+def _settle(self, worker, problem):
+    """A lenient apply's end: the worker exact, or degraded by ``problem``."""
     if problem is None:
         self._status.pop(worker, None)
     else:

@@ -13,6 +13,7 @@ from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, Ev
 from .._input.validate import check_int
 from .._kernels import router_keys as hx
 from .._kernels import wire as W
+from .events import _interrupted, _settle
 from .workers import worker_id
 
 _BOOL = (bool, np.bool_)
@@ -323,16 +324,10 @@ def _wire_lenient(self, worker, col, new, b, prep, gap):
             elif problem is None:
                 problem = found
             k += 1
-    except BaseException:  # some events applied, not all: not exact
-        self._status[worker] = (f"an apply of {n} events was interrupted "
-                                "(KeyboardInterrupt, MemoryError)")
-        if new:
-            self._register(worker, col)
+    except BaseException:
+        _interrupted(self, worker, col, new, n)
         raise
-    if problem is None:
-        self._status.pop(worker, None)
-    else:
-        self._status[worker] = problem
+    _settle(self, worker, problem)
 
 
 def _wire_strict(self, worker, col, new, b, prep):
