@@ -88,7 +88,11 @@ def test_a_worker_is_syncing_until_its_publisher_confirms_it_and_readyz_says_so(
         assert st == 503 and [w["id"] for w in out["not_exact"]] == ["down"]
         assert call(svc, "GET", "/healthz")[0] == 200   # liveness, not readiness
         metrics = call(svc, "GET", "/metrics")[1]
-        assert 'worker="down",status="syncing",reason="nothing from tcp://127.0.0.1:9' in metrics
+        # a state set: one series per (worker, status), bounded, the reason in /workers
+        assert 'radix_soa_router_worker_status{worker="down",status="syncing"} 1' in metrics
+        assert 'radix_soa_router_worker_status{worker="down",status="exact"} 0' in metrics
+        assert 'radix_soa_router_worker_status{worker="up",status="exact"} 1' in metrics
+        assert "reason=" not in metrics
         assert "radix_soa_router_syncing_workers 1" in metrics
         svc.subscriber.remove_endpoint("down")
         st, out = call(svc, "GET", "/readyz")

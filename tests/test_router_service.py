@@ -219,6 +219,10 @@ def test_a_lost_event_marks_the_worker_degraded_in_workers_healthz_and_metrics(c
     m = parse_metrics(call(svc, "GET", "/metrics")[1])
     assert m[("radix_soa_router_worker_degraded", (("worker", "w2"),))] == 1
     assert m[("radix_soa_router_degraded_workers", ())] == 1
+    status = {(dict(k[1])["worker"], dict(k[1])["status"]): v for k, v in m.items()
+              if k[0] == "radix_soa_router_worker_status"}
+    assert status[("w2", "degraded")] == 1 and status[("w2", "exact")] == 0
+    assert status[("w1", "exact")] == 1 and sum(v for (w, _), v in status.items() if w == "w2") == 1
     st, out = call(svc, "POST", "/route", {"tokens": [1, 2, 3, 4]})
     assert st == 200 and out["degraded"] == ["w2"]
 

@@ -77,6 +77,7 @@ __all__ = ["RouterService", "POLICIES", "restore"]
 
 POLICIES = ("cache_aware", "kv_overlap", "least_loaded", "prefix_hash")
 LOADS = ("requests", "tokens")
+STATUSES = ("exact", "syncing", "degraded")  # a worker's status, one of these
 ENDPOINTS = ("/overlap", "/route", "/load", "/events", "/workers", "/healthz", "/readyz",
              "/snapshot", "/metrics")
 OVERLAP_FIELDS = ("tokens", "namespace", "lora_name", "extra_keys")
@@ -630,11 +631,11 @@ class RouterService:
         out += family(p + "worker_degraded", "gauge", "1 if the worker's pages are not known "
                       "exactly", [(lab, int(w in degraded)) for n, w, lab in wl])
         statuses = ix.statuses()
-        out += family(p + "worker_status", "gauge", "1 for each worker's status (exact, "
-                      "syncing, degraded), its reason beside", [
-                          (f'{lab},status="{statuses.get(w, ("exact", None))[0]}",reason="'
-                           f'{label(cut(statuses.get(w, ("exact", None))[1] or "", 200))}"', 1)
-                          for n, w, lab in wl])
+        out += family(p + "worker_status", "gauge", "Each worker's status as a state set: 1 "
+                      "for the one it is in (exact, syncing, degraded), 0 for the others; why "
+                      "is in GET /workers (a free-text label would make a series per reason)", [
+                          (f'{lab},status="{s}"', int(statuses.get(w, ("exact", None))[0] == s))
+                          for n, w, lab in wl for s in STATUSES])
         out += family(p + "worker_load", "gauge", "The load each worker was told to have",
                       [(f'{lab},kind="{k}"', x) for n, w, lab in wl
                        for k, x in zip(LOAD_FIELDS, self._load_row(w))])
