@@ -33,7 +33,8 @@ import numpy as np
 __all__ = ["HAVE_SGLANG", "HAVE_TORCH", "BasePrefixCache", "RadixKey", "MatchPrefixParams",
            "InsertParams", "EvictParams", "MatchResult", "InsertResult", "EvictResult",
            "IncLockRefResult", "DecLockRefResult", "TreeLock", "tokens_of", "namespace_of",
-           "as_int64", "host_array", "index_tensor", "match_result", "sglang_events", "EventHashes"]
+           "as_int64", "host_array", "index_tensor", "match_result", "insert_result",
+           "sglang_events", "EventHashes"]
 
 #: SGLang (and torch) are looked up, not imported, to decide: an installed
 #: SGLang that fails to import raises, it does not turn into the stand-ins.
@@ -299,6 +300,38 @@ def match_result(length: int, node: Any) -> Any:
 
 _tuple_new = tuple.__new__
 _MATCH_DEFAULTS = tuple(MatchResult._field_defaults[f] for f in MatchResult._fields[4:])
+
+
+def _plain_defaults(cls: Any, given: Tuple[str, ...]) -> Optional[Dict[str, Any]]:
+    """The other fields' defaults of a dataclass an instance of which can be
+    made as ``object.__new__`` plus its ``__dict__`` (no ``__post_init__``,
+    no slots, every other field a plain default), or None."""
+    if (not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__")
+            or "__slots__" in cls.__dict__):
+        return None
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    if set(given) - set(fields) or any(
+            v is dataclasses.MISSING for k, v in fields.items() if k not in given):
+        return None
+    return {k: v for k, v in fields.items() if k not in given}
+
+
+_INSERT_DEFAULTS = _plain_defaults(InsertResult, ("prefix_len", "last_device_node"))
+_object_new = object.__new__
+
+
+def insert_result(prefix_len: int, node: Any) -> Any:
+    """``InsertResult(prefix_len=prefix_len, last_device_node=node)``, built
+    without the dataclass's keyword constructor (~0.35 µs with SGLang's six
+    fields) when its fields allow."""
+    if _INSERT_DEFAULTS is None:
+        return InsertResult(prefix_len=prefix_len, last_device_node=node)
+    r = _object_new(InsertResult)
+    d = _INSERT_DEFAULTS.copy()
+    d["prefix_len"] = prefix_len
+    d["last_device_node"] = node
+    r.__dict__ = d
+    return r
 
 
 _NAMESPACES: Dict[Tuple[Any, Any], str] = {}  # namespace_of's answers so far (bounded)
