@@ -490,3 +490,15 @@ def test_insert_result_is_sglangs_result():
     assert types_._plain_defaults(Checked, ("prefix_len", "last_device_node")) is None
     assert types_._plain_defaults(Required, ("prefix_len", "last_device_node")) is None
     assert types_._plain_defaults(int, ("prefix_len",)) is None
+
+    @dataclasses.dataclass
+    class Listed:
+        prefix_len: int
+        last_device_node: object = None
+        actions: list = dataclasses.field(default_factory=list)
+
+    defaults, factories = types_._plain_defaults(Listed, ("prefix_len", "last_device_node"))
+    assert defaults == {} and factories == (("actions", list),)
+    a, b = types_.insert_result(1, node), types_.insert_result(1, node)
+    for name, _ in types_._INSERT_DEFAULTS[1]:  # a fresh list per result, as the class makes
+        assert getattr(a, name) is not getattr(b, name)
