@@ -404,34 +404,37 @@ def _forms():
 
 
 class _Reference:
-    """The adapter's insert and match, slowly: every cached whole-page prefix
-    of a namespace, by its tokens, with its position's index."""
+    """The adapter's insert and match, slowly: every cached page of a
+    namespace, by the tokens up to its end, with its pages' indices."""
 
     def __init__(self, page):
-        self.page, self.slot = page, {}
+        self.page, self.pages = page, {}
+
+    def size(self):
+        return len(self.pages) * self.page
 
     def insert(self, ns, tokens, values):
-        n = len(tokens) - len(tokens) % self.page
+        page, n = self.page, len(tokens) - len(tokens) % self.page
         cached = 0
-        while cached < n and (ns, tuple(tokens[:cached + 1])) in self.slot:
-            cached += 1
-        for i in range(cached, n):
-            self.slot[ns, tuple(tokens[:i + 1])] = values[i]
+        while cached < n and (ns, tuple(tokens[:cached + page])) in self.pages:
+            cached += page
+        for p in range(cached, n, page):  # first writer wins: only new pages take values
+            self.pages[ns, tuple(tokens[:p + page])] = list(values[p:p + page])
         return cached
 
     def match(self, ns, tokens):
-        n = 0
-        while n < len(tokens) and (ns, tuple(tokens[:n + 1])) in self.slot:
-            n += 1
-        n -= n % self.page
-        return n, [self.slot[ns, tuple(tokens[:i + 1])] for i in range(n)]
+        page, n, got = self.page, 0, []
+        while n + page <= len(tokens) and (ns, tuple(tokens[:n + page])) in self.pages:
+            got += self.pages[ns, tuple(tokens[:n + page])]
+            n += page
+        return n, got
 
 
 @given(st.sampled_from([1, 4]), st.lists(st.tuples(
     st.sampled_from(["insert", "match", "bad"]),
     st.lists(st.integers(0, 3), max_size=14), st.integers(0, 5), st.integers(0, 5),
     st.sampled_from([None, "a"]), st.one_of(st.none(), st.integers(0, 14))), max_size=30))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_every_key_and_value_form_agrees_with_a_reference(page, ops):
     """Random inserts and matches through every key and value form (the
     inline fast paths and the general ones), and bad inserts (too few
@@ -454,12 +457,15 @@ def test_every_key_and_value_form_agrees_with_a_reference(page, ops):
             assert (m.device_prefix_len, got) == ref.match(extra_key, t)
         elif len(t) >= page:  # a bad insert: floats, or an index short of the whole pages
             before = c.total_size()
-            bad = (np.array([0.5] * len(tokens)) if vf % 2
-                   else np.arange(len(t) - len(t) % page - 1))
+            bads = [np.array([0.5] * len(tokens)), np.arange(len(t) - len(t) % page - 1)]
+            if types_.torch is not None:  # what a tensor's .numpy() takes but the cache not
+                bads += [types_.torch.tensor([0.5] * len(tokens)),
+                         types_.torch.arange(2 * len(tokens)).reshape(len(tokens), 2)]
+            bad = bads[vf % len(bads)]
             with pytest.raises((ValueError, TypeError), match="params.value"):
                 c.insert(InsertParams(key=k, value=bad))
             assert c.total_size() == before
-        assert c.total_size() == len(ref.slot)
+        assert c.total_size() == ref.size()
 
 
 def test_insert_result_is_sglangs_result():

@@ -54,7 +54,7 @@ from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, Even
                             InsertResult, MatchPrefixParams, MatchResult, RadixKey, as_int64,
                             host_array, index_tensor, insert_result, match_result,
                             namespace_of, sglang_events, tokens_of, torch)
-from ._sglang_types import _MATCH_DEFAULTS, _TORCH_INT64, _Tensor, _tuple_new
+from ._sglang_types import _MATCH_DEFAULTS, _Tensor, _tuple_new
 
 __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
            "RadixKey", "MatchPrefixParams", "InsertParams", "EvictParams"]
@@ -63,6 +63,7 @@ __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
 BACKEND = "radix_soa"
 
 _EMPTY = np.empty(0, np.int64)
+_INT64 = np.dtype(np.int64)
 _PRIORITY_MIN, _PRIORITY_MAX = -(1 << 21), (1 << 21) - 1  # PrefixCache's priority range
 
 
@@ -205,10 +206,16 @@ class SGLangPrefixCache(BasePrefixCache):
             n -= n % self.page_size
             q = q[:n]
         value = params.value
-        if (type(value) is _Tensor and value.dtype is _TORCH_INT64 and value.is_cpu
-                and not value.requires_grad and value.dim() == 1):
-            values = value.numpy()  # SGLang's index tensors (as_int64's fast path): a view
-        else:
+        values = None
+        if type(value) is _Tensor:  # SGLang's index tensors: a view, no copy
+            try:  # .numpy() refuses what as_int64 handles (a device tensor, one with grad)
+                values = value.numpy()
+            except (RuntimeError, TypeError):
+                pass
+            # NumPy's checks after the fact cost half of torch's before it
+            if values is not None and (values.dtype is not _INT64 or values.ndim != 1):
+                values = None
+        if values is None:
             values = q.copy() if value is None else as_int64(value, "params.value")
         if values.shape[0] != n:
             if values.shape[0] < n:
