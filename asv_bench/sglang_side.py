@@ -574,7 +574,8 @@ DEFAULT_LABELS = {"unified-rust": "UnifiedRadixCache (Rust core)",
 
 class DefaultSides:
     """Each cache's insert / match / evict over the same requests: SGLang's
-    interface for the four SGLang caches, NumPy for the bare ``PrefixCache``."""
+    interface for the four SGLang caches, NumPy views of the same keys and
+    value tensors for the bare ``PrefixCache``."""
 
     def __init__(self, sg, requests):
         self.sg = sg
@@ -585,8 +586,15 @@ class DefaultSides:
                        for i in range(len(self.requests))]
         self.tvalues = [sg.torch.from_numpy(v.copy()) for v in self.values]
         cut = [max(1, len(r) - 10) for r in self.requests]  # partial hits: 10 tokens early
-        self.partial = [np.concatenate([r[:c], [1 << 30]]) for r, c in zip(self.requests, cut)]
-        self.partial_keys = [array("q", q.tolist()) for q in self.partial]
+        partial = [np.concatenate([r[:c], [1 << 30]]) for r, c in zip(self.requests, cut)]
+        self.partial_keys = [array("q", q.tolist()) for q in partial]
+        # the bare PrefixCache reads the same memory as the SGLang caches (NumPy
+        # views of the keys' array('q') and of the value tensors, made here):
+        # one flat buffer of requests would be faster to read than 2,000
+        # separate keys, by up to 0.4 µs a match, and that is not the adapter's
+        self.requests = [np.frombuffer(k, np.int64) for k in self.keys]
+        self.values = [v.numpy() for v in self.tvalues]
+        self.partial = [np.frombuffer(k, np.int64) for k in self.partial_keys]
 
     def new(self, kind):
         return rs.PrefixCache() if kind == "bare" else default_cache(self.sg, kind)
@@ -682,33 +690,92 @@ def compare_default(sg, requests, repeat, kinds=DEFAULT_KINDS, evict_n=100_000):
 
 
 def _where_the_time_goes(S, best, ops, repeat):
-    """What the SGLang interface itself costs a call, outside any cache:
-    building ``RadixKey`` + ``*Params`` in the loop (every SGLang cache pays
-    it, a bare ``PrefixCache`` does not), and a torch tensor over matched
-    indices (``torch.from_numpy``, no copy)."""
+    """Where an adapter call's time goes, step by step on the same requests
+    (each step adds one piece to the one before; interleaved, best of
+    ``repeat``, CPU µs a call): a bare ``PrefixCache`` call on NumPy
+    arrays, the same on the ``array('q')`` keys' NumPy views, the torch
+    conversions SGLang's types need (``.numpy()`` of the value tensor,
+    ``torch.from_numpy`` of the matched indices), the adapter's own Python
+    (its call with ``RadixKey`` / ``*Params`` built beforehand), and those
+    objects built in the loop, as the scheduler does."""
     sg, n = S.sg, len(S.keys)
-    arrays = [v.copy() for v in S.values]
+    torch = sg.torch
+    frombuffer, i64 = np.frombuffer, np.int64
+    ins_params = [sg.InsertParams(key=sg.RadixKey(k), value=v) for k, v in zip(S.keys, S.tvalues)]
+    full_params = [sg.MatchPrefixParams(key=sg.RadixKey(k)) for k in S.keys]
+    part_params = [sg.MatchPrefixParams(key=sg.RadixKey(k)) for k in S.partial_keys]
 
-    def ins():
-        for k, v in zip(S.keys, S.tvalues):
-            sg.InsertParams(key=sg.RadixKey(k), value=v)
+    def each(call, *columns):
+        """A loop of ``call`` over the columns, each result dropped at once
+        (a list of them would keep every matched array alive)."""
+        def loop(c):
+            for args in zip(*columns):
+                call(c, *args)
+        return loop
 
-    def mat():
-        for k in S.keys:
-            sg.MatchPrefixParams(key=sg.RadixKey(k))
+    def pc_insert(c, q, v):
+        c.prefix_cache.insert(q, v)
 
-    def ten():
-        for a in arrays:
-            sg.torch.from_numpy(a)
-
-    cost = {f.__name__: min(_cpu_call(f, n) for _ in range(repeat)) * 1e6
-            for f in (ins, mat, ten)}
-    gap = [(best["radix_soa", op] - best["bare", op]) * 1e6 for op in ops]
-    print(f"  the adapter's extra µs a call over a bare PrefixCache: insert {gap[0]:.1f}, full "
-          f"hit {gap[1]:.1f}, partial hit {gap[2]:.1f}; of it, SGLang's RadixKey + Params "
-          f"built in the loop: {cost['ins']:.2f} (insert) / {cost['mat']:.2f} (match), a torch "
-          f"tensor over the indices {cost['ten']:.2f}; the rest is the adapter's own Python "
-          "(key and value views, the Node handle, the result objects)")
+    ins = [
+        ("bare PrefixCache.insert, NumPy key and values", each(pc_insert, S.requests, S.values)),
+        ("+ the key as a view of its array('q')",
+         each(lambda c, k, v: c.prefix_cache.insert(frombuffer(k, i64), v), S.keys, S.values)),
+        ("+ the value tensor as NumPy (.numpy())",
+         each(lambda c, k, v: c.prefix_cache.insert(frombuffer(k, i64), v.numpy()),
+              S.keys, S.tvalues)),
+        ("adapter.insert, Params built beforehand", each(lambda c, p: c.insert(p), ins_params)),
+        ("adapter.insert, RadixKey + Params in the loop",
+         each(lambda c, k, v: c.insert(sg.InsertParams(key=sg.RadixKey(k), value=v)),
+              S.keys, S.tvalues)),
+    ]
+    full = [
+        ("bare PrefixCache.match, NumPy key",
+         each(lambda c, q: c.prefix_cache.match(q), S.requests)),
+        ("+ the key as a view of its array('q')",
+         each(lambda c, k: c.prefix_cache.match(frombuffer(k, i64)), S.keys)),
+        ("+ a torch tensor over the indices",
+         each(lambda c, k: torch.from_numpy(c.prefix_cache.match(frombuffer(k, i64)).values),
+              S.keys)),
+        ("adapter match_prefix + path_device_indices, Params built beforehand",
+         each(lambda c, p: c.path_device_indices(c.match_prefix(p).last_device_node),
+              full_params)),
+        ("the same, RadixKey + Params in the loop",
+         each(lambda c, k: c.path_device_indices(c.match_prefix(
+             sg.MatchPrefixParams(key=sg.RadixKey(k))).last_device_node), S.keys)),
+    ]
+    part = [
+        ("bare PrefixCache.match, NumPy key",
+         each(lambda c, q: c.prefix_cache.match(q), S.partial)),
+        ("+ the key as a view of its array('q')",
+         each(lambda c, k: c.prefix_cache.match(frombuffer(k, i64)), S.partial_keys)),
+        ("adapter match_prefix, Params built beforehand",
+         each(lambda c, p: c.match_prefix(p), part_params)),
+        ("the same, RadixKey + Params in the loop",
+         each(lambda c, k: c.match_prefix(sg.MatchPrefixParams(key=sg.RadixKey(k))),
+              S.partial_keys)),
+    ]
+    # each step on a cache of its own, just built, as compare_default times them
+    groups = (("insert (on a fresh cache)", ins, lambda: S.new("radix_soa")),
+              ("match, full hit, with indices", full, lambda: S.built("radix_soa")),
+              ("match, partial hit (splits)", part, lambda: S.built("radix_soa")))
+    times = {(g, i): float("inf") for g, steps, _ in groups for i in range(len(steps))}
+    for r in range(repeat):
+        for g, steps, make in groups:
+            order = list(range(len(steps)))
+            order = order[r % len(order):] + order[:r % len(order)]
+            for i in order:
+                c = make()
+                times[g, i] = min(times[g, i], _cpu_call(lambda: steps[i][1](c), n))
+    print(f"\n  where an adapter call's time goes, step by step (CPU µs a call, best of "
+          f"{repeat}, interleaved; each step adds one piece):")
+    for g, steps, _ in groups:
+        print(f"  {g}")
+        prev = None
+        for i, (what, _) in enumerate(steps):
+            t = times[g, i] * 1e6
+            step = "" if prev is None else f"  (+{t - prev:.2f})"
+            print(f"    {what:<70}{t:7.2f}{step}")
+            prev = t
 
 
 def multi_turn_requests(n=2000, conversations=300):

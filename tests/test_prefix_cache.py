@@ -581,3 +581,36 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
 TestPrefixCacheMachine = PrefixCacheMachine.TestCase
 TestPrefixCacheMachine.pytestmark = [pytest.mark.slow]  # a few hundred random runs
+
+
+def test_every_array_form_matches_and_inserts_as_its_int64_copy():
+    """``match`` and ``insert`` check a plain int64 array inline and every
+    other array through ``as_tokens``: strided, big-endian, int32 and
+    read-only arrays (tokens and values) give what their int64 copies
+    give; 2-D and float arrays are refused and change nothing."""
+    base = np.array([5, 6, 7, 8, 9, 10], np.int64)
+    forms = [lambda a: a, lambda a: np.repeat(a, 2)[::2], lambda a: a.astype(">i8"),
+             lambda a: a.astype(np.int32), lambda a: np.frombuffer(a.tobytes(), np.int64)]
+    for ft in forms:
+        for fv in forms:
+            pc, ref = PrefixCache(page_size=2), PrefixCache(page_size=2)
+            r = pc.insert(ft(base), values=fv(base + 100))
+            assert r.cached == ref.insert(base.copy(), values=base + 100).cached
+            pc.insert(ft(base[:3]), values=fv(base[:3]))  # cached: the old values stay
+            m, want = pc.match(ft(base[:5])), ref.match(base[:5].copy())
+            assert (m.length, m.values.tolist()) == (want.length, want.values.tolist()) \
+                == (4, [105, 106, 107, 108])
+            pc.check_invariants()
+    pc = PrefixCache()
+    pc.insert(base, values=base)
+    before = state(pc)
+    for bad, exc in ((base.reshape(2, 3), ValueError), (base.astype(float), TypeError)):
+        with pytest.raises(exc):
+            pc.insert(bad, values=base)
+        with pytest.raises(exc):
+            pc.insert(base, values=bad)
+        with pytest.raises(exc):
+            pc.match(bad)
+    with pytest.raises(ValueError, match="values has 5 entries for 6 tokens"):
+        pc.insert(base, values=base[:5])
+    assert same_state(before, state(pc))

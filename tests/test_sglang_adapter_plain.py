@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import sglang_env
 
@@ -383,3 +384,127 @@ def test_import_radix_soa_imports_neither_torch_nor_sglang():
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ every key and value form
+def _forms():
+    """How a caller may hand a key's tokens and an insert's indices: SGLang's
+    ``array('q')`` and int64 CPU tensors (read inline by the adapter), and
+    the other forms (read by ``tokens_of`` / ``as_int64``)."""
+    keys = [lambda t: array("q", t), list, lambda t: np.array(t, np.int32),
+            lambda t: np.array(t, np.int64)[::-1][::-1]]
+    values = [lambda v: np.array(v, np.int64), lambda v: np.array(v, np.int32), list]
+    if types_.torch is not None:
+        torch = types_.torch
+        values += [lambda v: torch.tensor(v, dtype=torch.int64),
+                   lambda v: torch.tensor(v, dtype=torch.int32),
+                   lambda v: torch.tensor([x for x in v for _ in (0, 1)],
+                                          dtype=torch.int64)[::2]]  # strided
+    return keys, values
+
+
+class _Reference:
+    """The adapter's insert and match, slowly: every cached page of a
+    namespace, by the tokens up to its end, with its pages' indices."""
+
+    def __init__(self, page):
+        self.page, self.pages = page, {}
+
+    def size(self):
+        return len(self.pages) * self.page
+
+    def insert(self, ns, tokens, values):
+        page, n = self.page, len(tokens) - len(tokens) % self.page
+        cached = 0
+        while cached < n and (ns, tuple(tokens[:cached + page])) in self.pages:
+            cached += page
+        for p in range(cached, n, page):  # first writer wins: only new pages take values
+            self.pages[ns, tuple(tokens[:p + page])] = list(values[p:p + page])
+        return cached
+
+    def match(self, ns, tokens):
+        page, n, got = self.page, 0, []
+        while n + page <= len(tokens) and (ns, tuple(tokens[:n + page])) in self.pages:
+            got += self.pages[ns, tuple(tokens[:n + page])]
+            n += page
+        return n, got
+
+
+@given(st.sampled_from([1, 4]), st.lists(st.tuples(
+    st.sampled_from(["insert", "match", "bad"]),
+    st.lists(st.integers(0, 3), max_size=14), st.integers(0, 5), st.integers(0, 5),
+    st.sampled_from([None, "a"]), st.one_of(st.none(), st.integers(0, 14))), max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_every_key_and_value_form_agrees_with_a_reference(page, ops):
+    """Random inserts and matches through every key and value form (the
+    inline fast paths and the general ones), and bad inserts (too few
+    indices, floats), against a slow reference: the same cached lengths,
+    matched indices and sizes; a bad insert changes nothing."""
+    keys, values = _forms()
+    c, ref, slot = SGLangPrefixCache.create_simulated(page_size=page), _Reference(page), 0
+    for op, tokens, kf, vf, extra_key, limit in ops:
+        k = RadixKey(keys[kf % len(keys)](tokens), extra_key, limit=limit)
+        t = tokens if limit is None else tokens[:limit]
+        if op == "insert":
+            v = list(range(slot, slot + len(tokens)))
+            slot += len(tokens)
+            r = c.insert(InsertParams(key=k, value=values[vf % len(values)](v)))
+            assert r.prefix_len == ref.insert(extra_key, t, v)
+            assert isinstance(r, types_.InsertResult) and r.total_len == 0
+        elif op == "match":
+            m = c.match_prefix(MatchPrefixParams(key=k))
+            got = np.asarray(c.path_device_indices(m.last_device_node)).tolist()
+            assert (m.device_prefix_len, got) == ref.match(extra_key, t)
+        elif len(t) >= page:  # a bad insert: floats, or an index short of the whole pages
+            before = c.total_size()
+            bads = [np.array([0.5] * len(tokens)), np.arange(len(t) - len(t) % page - 1)]
+            if types_.torch is not None:  # what a tensor's .numpy() takes but the cache not
+                bads += [types_.torch.tensor([0.5] * len(tokens)),
+                         types_.torch.arange(2 * len(tokens)).reshape(len(tokens), 2)]
+            bad = bads[vf % len(bads)]
+            with pytest.raises((ValueError, TypeError), match="params.value"):
+                c.insert(InsertParams(key=k, value=bad))
+            assert c.total_size() == before
+        assert c.total_size() == ref.size()
+
+
+def test_insert_result_is_sglangs_result():
+    """``insert_result`` builds what ``InsertResult(prefix_len=, last_device_node=)``
+    does (SGLang's dataclass, or the stand-in), and falls back to the
+    constructor for a class it cannot build by its ``__dict__``."""
+    node = Node(7)
+    got = types_.insert_result(3, node)
+    assert type(got) is types_.InsertResult
+    assert got == types_.InsertResult(prefix_len=3, last_device_node=node)
+    assert types_._INSERT_DEFAULTS is not None  # the fast form applies to both
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Checked:
+        prefix_len: int
+        last_device_node: object = None
+
+        def __post_init__(self):
+            self.checked = True
+
+    @dataclasses.dataclass
+    class Required:
+        prefix_len: int
+        last_device_node: object
+        other: int
+
+    assert types_._plain_defaults(Checked, ("prefix_len", "last_device_node")) is None
+    assert types_._plain_defaults(Required, ("prefix_len", "last_device_node")) is None
+    assert types_._plain_defaults(int, ("prefix_len",)) is None
+
+    @dataclasses.dataclass
+    class Listed:
+        prefix_len: int
+        last_device_node: object = None
+        actions: list = dataclasses.field(default_factory=list)
+
+    defaults, factories = types_._plain_defaults(Listed, ("prefix_len", "last_device_node"))
+    assert defaults == {} and factories == (("actions", list),)
+    a, b = types_.insert_result(1, node), types_.insert_result(1, node)
+    for name, _ in types_._INSERT_DEFAULTS[1]:  # a fresh list per result, as the class makes
+        assert getattr(a, name) is not getattr(b, name)

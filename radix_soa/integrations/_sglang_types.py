@@ -33,7 +33,8 @@ import numpy as np
 __all__ = ["HAVE_SGLANG", "HAVE_TORCH", "BasePrefixCache", "RadixKey", "MatchPrefixParams",
            "InsertParams", "EvictParams", "MatchResult", "InsertResult", "EvictResult",
            "IncLockRefResult", "DecLockRefResult", "TreeLock", "tokens_of", "namespace_of",
-           "as_int64", "host_array", "index_tensor", "match_result", "sglang_events", "EventHashes"]
+           "as_int64", "host_array", "index_tensor", "match_result", "insert_result",
+           "sglang_events", "EventHashes"]
 
 #: SGLang (and torch) are looked up, not imported, to decide: an installed
 #: SGLang that fails to import raises, it does not turn into the stand-ins.
@@ -299,6 +300,52 @@ def match_result(length: int, node: Any) -> Any:
 
 _tuple_new = tuple.__new__
 _MATCH_DEFAULTS = tuple(MatchResult._field_defaults[f] for f in MatchResult._fields[4:])
+
+
+def _plain_defaults(cls: Any, given: Tuple[str, ...]
+                    ) -> Optional[Tuple[Dict[str, Any], Tuple[Tuple[str, Any], ...]]]:
+    """``(defaults, factories)`` of a dataclass's other fields when an
+    instance can be made as ``object.__new__`` plus its ``__dict__`` (no
+    ``__post_init__``, no slots, every other field a default or a default
+    factory), or None."""
+    if (not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__")
+            or "__slots__" in cls.__dict__):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if set(given) - set(fields):
+        return None
+    defaults, factories = {}, []
+    for name, f in fields.items():
+        if name in given:
+            continue
+        if f.default is not dataclasses.MISSING:
+            defaults[name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            factories.append((name, f.default_factory))
+        else:
+            return None
+    return defaults, tuple(factories)
+
+
+_INSERT_DEFAULTS = _plain_defaults(InsertResult, ("prefix_len", "last_device_node"))
+_object_new = object.__new__
+
+
+def insert_result(prefix_len: int, node: Any) -> Any:
+    """``InsertResult(prefix_len=prefix_len, last_device_node=node)``, built
+    without the dataclass's keyword constructor (~0.35 µs with SGLang's ten
+    fields) when its fields allow."""
+    if _INSERT_DEFAULTS is None:
+        return InsertResult(prefix_len=prefix_len, last_device_node=node)
+    defaults, factories = _INSERT_DEFAULTS
+    r = _object_new(InsertResult)
+    d = defaults.copy()
+    d["prefix_len"] = prefix_len
+    d["last_device_node"] = node
+    for name, factory in factories:
+        d[name] = factory()
+    r.__dict__ = d
+    return r
 
 
 _NAMESPACES: Dict[Tuple[Any, Any], str] = {}  # namespace_of's answers so far (bounded)

@@ -51,9 +51,10 @@ from .._input.validate import check_int
 from ..prefix_cache import PrefixCache
 from ._sglang_types import (HAVE_SGLANG, BasePrefixCache, DecLockRefResult, EventHashes,
                             EvictParams, EvictResult, IncLockRefResult, InsertParams,
-                            InsertResult, MatchPrefixParams, RadixKey, as_int64, host_array,
-                            index_tensor, match_result, namespace_of, sglang_events,
-                            tokens_of, torch)
+                            InsertResult, MatchPrefixParams, MatchResult, RadixKey, as_int64,
+                            host_array, index_tensor, insert_result, match_result,
+                            namespace_of, sglang_events, tokens_of, torch)
+from ._sglang_types import _MATCH_DEFAULTS, _Tensor, _tuple_new
 
 __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
            "RadixKey", "MatchPrefixParams", "InsertParams", "EvictParams"]
@@ -62,6 +63,7 @@ __all__ = ["SGLangPrefixCache", "Node", "install", "make_cache", "BACKEND",
 BACKEND = "radix_soa"
 
 _EMPTY = np.empty(0, np.int64)
+_INT64 = np.dtype(np.int64)
 _PRIORITY_MIN, _PRIORITY_MAX = -(1 << 21), (1 << 21) - 1  # PrefixCache's priority range
 
 
@@ -165,13 +167,22 @@ class SGLangPrefixCache(BasePrefixCache):
         ``last_device_node`` is its ``Node``, locked with
         ``inc_lock_ref``/``lock``; ``path_device_indices`` gives its indices."""
         key = params.key
-        q = tokens_of(key)
-        if self.disable or q.shape[0] < self.page_size:
-            return self._empty_match
+        t = key.token_ids
+        if (type(t) is array and t.typecode == "q" and key.limit is None
+                and not key.is_bigram):  # SGLang's form, read inline (tokens_of's fast path)
+            if len(t) < self.page_size or self.disable:
+                return self._empty_match
+            q = np.frombuffer(t, np.int64)
+        else:
+            q = tokens_of(key)
+            if self.disable or q.shape[0] < self.page_size:
+                return self._empty_match
         extra_key, cache_salt = key.extra_key, key.cache_salt
-        m = self._pc.match(q, None if extra_key is None and cache_salt is None
-                           else namespace_of(extra_key, cache_salt))
-        return match_result(m.length, Node(m.node, m.values))
+        length, handle, values = self._pc.match(
+            q, None if extra_key is None and cache_salt is None
+            else namespace_of(extra_key, cache_salt))
+        node = Node(handle, values)
+        return _tuple_new(MatchResult, (length, node, node, node) + _MATCH_DEFAULTS)
 
     def insert(self, params: Any) -> Any:
         """Cache ``params.key`` (whole pages) with the KV indices
@@ -183,25 +194,41 @@ class SGLangPrefixCache(BasePrefixCache):
         if self.disable:
             return InsertResult(prefix_len=0)
         key = params.key
-        q = tokens_of(key)
-        n = q.shape[0]
+        t = key.token_ids
+        fast = type(t) is array and t.typecode == "q" and key.limit is None and not key.is_bigram
+        if fast:  # SGLang's form, read inline (tokens_of's fast path)
+            n = len(t)
+            q = np.frombuffer(t, np.int64) if n else _EMPTY
+        else:
+            q = tokens_of(key)
+            n = q.shape[0]
         if self.page_size != 1 and n % self.page_size:
             n -= n % self.page_size
             q = q[:n]
         value = params.value
-        values = q.copy() if value is None else as_int64(value, "params.value")
-        if values.shape[0] < n:
-            raise ValueError(f"params.value has {values.shape[0]} indices for the key's {n} "
-                             "tokens in whole pages")
+        values = None
+        if type(value) is _Tensor:  # SGLang's index tensors: a view, no copy
+            try:  # .numpy() refuses what as_int64 handles (a device tensor, one with grad)
+                values = value.numpy()
+            except (RuntimeError, TypeError):
+                pass
+            # NumPy's checks after the fact cost half of torch's before it
+            if values is not None and (values.dtype is not _INT64 or values.ndim != 1):
+                values = None
+        if values is None:
+            values = q.copy() if value is None else as_int64(value, "params.value")
+        if values.shape[0] != n:
+            if values.shape[0] < n:
+                raise ValueError(f"params.value has {values.shape[0]} indices for the key's "
+                                 f"{n} tokens in whole pages")
+            values = values[:n]
         extra_key, cache_salt = key.extra_key, key.cache_salt
         ns = (None if extra_key is None and cache_salt is None
               else namespace_of(extra_key, cache_salt))
         priority = params.priority
-        r = self._pc.insert(q, values if values.shape[0] == n else values[:n], ns,
-                            _priority(priority) if priority else 0)
-        t = key.token_ids
-        path = (t, n) if type(t) is array and key.limit is None else q.copy()
-        return InsertResult(prefix_len=r.cached, last_device_node=Node(r.node, None, path, ns))
+        cached, handle, _ = self._pc.insert(q, values, ns, _priority(priority) if priority else 0)
+        path = (t, n) if fast or (type(t) is array and key.limit is None) else q.copy()
+        return insert_result(cached, Node(handle, None, path, ns))
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Cache what ``req`` has computed so far, ``req.full_untruncated_fill_ids[:up_to]``

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .core import PrefixCache
 
 _NO_VALUES = np.empty(0, np.int64)  # ``out`` of a call that writes no values
+_INT64 = np.dtype(np.int64)
 _new = tuple.__new__  # a named tuple without its Python-level constructor
 
 
@@ -35,7 +36,10 @@ def match(self: "PrefixCache", tokens: TokenSequence, namespace: Namespace = Non
     s = self._s
     if s.readonly:
         self._writable()
-    q = as_tokens(tokens)
+    q = tokens  # as_tokens' answer for an int64 C-contiguous 1-D array, checked inline
+    if type(q) is not np.ndarray or q.dtype is not _INT64 or q.ndim != 1 \
+            or not q.flags.c_contiguous:
+        q = as_tokens(tokens)
     out = np.empty(q.shape[0], np.int64) if s.has_values else _NO_VALUES
     with self._lock:
         if self._readers:

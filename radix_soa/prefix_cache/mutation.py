@@ -68,7 +68,14 @@ def insert(self: "PrefixCache", tokens: TokenSequence, values: Optional[TokenSeq
         self._check_priority(priority)
     if s.readonly:
         self._writable()
-    q, n, vals = self._tokens_and_values(tokens, values)
+    if (type(tokens) is np.ndarray and type(values) is np.ndarray and tokens.dtype is _INT64
+            and values.dtype is _INT64 and tokens.ndim == 1 and values.ndim == 1
+            and tokens.shape[0] == values.shape[0] <= MAX_SEQUENCE_TOKENS and s.has_values
+            and not s.narrow and tokens.flags.c_contiguous and values.flags.c_contiguous):
+        q, vals = tokens, values  # the common case: _tokens_and_values' checks, inline
+        n = q.shape[0] - q.shape[0] % self._page
+    else:
+        q, n, vals = self._tokens_and_values(tokens, values)
     out = (np.empty(n, np.int64) if self._capacity is not None and s.has_values
            else _NO_VALUES)
     with self._lock:
