@@ -12,13 +12,25 @@ for ``prange`` loops, ``kernel_nogil`` for the replay (sweeps run replays on
 threads), ``kernel_scratch`` for GIL-free loops that allocate scratch of their
 own (the grouped batch descents).
 
+``kernel_inner`` (and ``kernel_inner_alloc``, with NRT) is for internal
+callees, kernels only other kernels call: Numba compiles them without the
+CPython and cfunc wrappers, which cost about 30 ms of first-use compile time
+per specialization (``asv_bench/compile_floor.py``) and are never used by a
+call from compiled code. The machine code callers link in is the same. A call
+from Python (the tests do) goes through a small compiled trampoline, made on
+the first such call, instead of crashing as a wrapper-less Numba function
+would.
+
 Call graph (callers after their callees): the decorators (kernel,
-kernel_alloc, kernel_parallel, kernel_nogil, kernel_scratch)
+kernel_alloc, kernel_parallel, kernel_nogil, kernel_scratch, kernel_inner,
+kernel_inner_alloc)
 """
 
 from typing import Any
 
+from numba import config as numba_config
 from numba import njit
+from numba.core.registry import CPUDispatcher
 
 from . import notice
 
@@ -51,3 +63,41 @@ kernel_nogil: Any = njit(**kernel_options(nogil=True))
 kernel_alloc: Any = njit(cache=True)
 kernel_scratch: Any = njit(cache=True, nogil=True)
 kernel_parallel: Any = njit(cache=True, parallel=True)
+
+
+_NO_WRAPPERS = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
+
+class InnerDispatcher(CPUDispatcher):
+    """A dispatcher compiled without the CPython and cfunc wrappers; a call
+    from Python goes through a compiled trampoline (made once, not cached)."""
+
+    def __call__(self, *args):
+        trampoline = self.__dict__.get("_trampoline")
+        if trampoline is None:
+            callee = self
+
+            def trampoline(*a):
+                return callee(*a)
+            options = {k: v for k, v in self.targetoptions.items()
+                       if k not in _NO_WRAPPERS and k != "cache"}
+            trampoline = self.__dict__["_trampoline"] = njit(**options)(trampoline)
+        return trampoline(*args)
+
+
+def inner(options):
+    """A decorator for internal callees with Numba ``options``."""
+    def decorate(func):
+        if numba_config.DISABLE_JIT:
+            return njit(**options)(func)
+        targetoptions = {k: v for k, v in options.items() if k != "cache"}
+        targetoptions.update(_NO_WRAPPERS)
+        dispatcher = InnerDispatcher(py_func=func, locals={}, targetoptions=targetoptions)
+        if options.get("cache"):
+            dispatcher.enable_caching()
+        return dispatcher
+    return decorate
+
+
+kernel_inner: Any = inner(kernel_options())
+kernel_inner_alloc: Any = inner({"cache": True})

@@ -22,17 +22,17 @@ heap_push, heap_remove, heap_top (a stale top moved down first), rekey ->
 touch, touch_insert
 """
 
-from .config import kernel
+from .config import kernel, kernel_inner
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
                      P_LFU, P_LRU, P_MRU, P_PRIORITY, P_SLRU, PRIORITY_OFFSET, SLRU_PROTECTED)
 
 
-@kernel
+@kernel_inner
 def heap_less(hkey, a, b):
     return hkey[a] < hkey[b] or (hkey[a] == hkey[b] and a < b)
 
 
-@kernel
+@kernel_inner
 def heap_sift_up(heap, hpos, hkey, i):
     v = heap[i]
     while i > 0:
@@ -47,7 +47,7 @@ def heap_sift_up(heap, hpos, hkey, i):
     hpos[v] = i
 
 
-@kernel
+@kernel_inner
 def heap_sift_down(heap, hpos, hkey, size, i):
     v = heap[i]
     while True:
@@ -66,7 +66,7 @@ def heap_sift_down(heap, hpos, hkey, size, i):
     hpos[v] = i
 
 
-@kernel
+@kernel_inner
 def heap_push(heap, hpos, stamp, hkey, meta, v):
     i = meta[M_HEAP_SIZE]
     meta[M_HEAP_SIZE] = i + 1
@@ -76,7 +76,7 @@ def heap_push(heap, hpos, stamp, hkey, meta, v):
     heap_sift_up(heap, hpos, hkey, i)
 
 
-@kernel
+@kernel_inner
 def heap_remove(heap, hpos, hkey, meta, v):
     i = hpos[v]
     hpos[v] = -1
@@ -91,7 +91,7 @@ def heap_remove(heap, hpos, hkey, meta, v):
     heap_sift_down(heap, hpos, hkey, last, hpos[u])
 
 
-@kernel
+@kernel_inner
 def heap_top(heap, hpos, stamp, hkey, meta):
     """The leaf to evict first (the heap must not be empty): the top, once
     every entry that rose to the top with a stale ``hkey`` has been moved
@@ -104,7 +104,7 @@ def heap_top(heap, hpos, stamp, hkey, meta):
         heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], 0)
 
 
-@kernel
+@kernel_inner
 def key_on_access(meta, old, clock):
     """The key of a node a match (or an insert) passes at tick ``clock``."""
     p = meta[M_POLICY]
@@ -117,7 +117,7 @@ def key_on_access(meta, old, clock):
     return ((old >> CLOCK_BITS) << CLOCK_BITS) | clock  # lfu, priority, slru: keep the high part
 
 
-@kernel
+@kernel_inner
 def key_on_insert(meta, old, clock):
     """The key of an existing node an insert reaches: lfu counts a hit
     (slru too, up to its protected segment: its key is then ``(protected,
@@ -135,7 +135,7 @@ def key_on_insert(meta, old, clock):
     return key_on_access(meta, old, clock)
 
 
-@kernel
+@kernel_inner
 def key_on_create(meta, clock):
     """The key of a node an insert creates at tick ``clock``."""
     p = meta[M_POLICY]
@@ -148,7 +148,7 @@ def key_on_create(meta, clock):
     return clock
 
 
-@kernel
+@kernel_inner
 def rekey(heap, hpos, stamp, hkey, v, key):
     """Give ``v`` the key ``key``: a heap entry whose key falls moves up now;
     one whose key rises stays put (``heap_top`` moves it when it matters)."""
@@ -165,7 +165,7 @@ def touch(heap, hpos, stamp, hkey, meta, v, clock):
     rekey(heap, hpos, stamp, hkey, v, key_on_access(meta, stamp[v], clock))
 
 
-@kernel
+@kernel_inner
 def touch_insert(heap, hpos, stamp, hkey, meta, v, clock):
     """An insert at tick ``clock`` reaches the existing node ``v``."""
     rekey(heap, hpos, stamp, hkey, v, key_on_insert(meta, stamp[v], clock))
