@@ -13,6 +13,12 @@ beside the checkout, else they are listed as skipped.
     python asv_bench/first_use.py --checkout ../main # another one, to compare
     python asv_bench/first_use.py --only readme      # rows whose name has "readme"
     python asv_bench/first_use.py --jobs 2           # rows in parallel processes
+    python asv_bench/first_use.py --checkout ../main --checkout . --repeat 3 --only readme
+                                      # checkouts side by side: interleaved, best of 3
+
+With several ``--checkout`` (or ``--repeat``), every round measures each row
+on each checkout in turn, and the table shows each checkout's best CPU
+seconds and the ratio of the last to the first.
 
 CPU seconds are measured with ``resource.getrusage(RUSAGE_CHILDREN)``
 around each child (one child per row, so rows run in parallel do not mix),
@@ -26,7 +32,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -101,13 +106,49 @@ def measure(argv, checkout, extra_env=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout to measure (default: this one)")
+    parser.add_argument("--checkout", type=Path, action="append", default=[],
+                        help="a checkout to measure (default: this one); repeat to compare")
     parser.add_argument("--only", action="append", default=[],
                         help="measure rows whose name contains this (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="rows measured at once")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds (each row on each checkout once a round); best is shown")
     args = parser.parse_args(argv)
-    checkout = args.checkout.resolve()
+    checkouts = [c.resolve() for c in args.checkout] or [Path(__file__).resolve().parents[1]]
+    if len(checkouts) == 1 and args.repeat == 1:
+        return single(checkouts[0], args)
+    have_data = all((c.parent / "shared" / "data").is_dir() for c in checkouts)
+    per = [[r for r in rows(c) if not args.only or any(o.lower() in r[0].lower() for o in args.only)]
+           for c in checkouts]
+    names = [r[0] for r in per[0]]
+    if any([r[0] for r in p] != names for p in per):
+        raise SystemExit("the checkouts' rows differ (their README or guide blocks); compare "
+                         "with --only on rows they share")
+    for i, c in enumerate(checkouts):
+        print(f"# [{i}] {c}")
+    print(f"# best of {args.repeat} rounds, interleaved; fresh Numba cache per run; CPU s")
+    print(f"{'row':<44} " + " ".join(f"{'[' + str(i) + ']':>8}" for i in range(len(checkouts)))
+          + ("   last/first" if len(checkouts) > 1 else ""))
+    for k, name in enumerate(names):
+        if per[0][k][2] and not have_data:
+            print(f"{name:<44} {'skipped (needs ../shared/data)':>17}")
+            continue
+        best = [float("inf")] * len(checkouts)
+        failed = [False] * len(checkouts)
+        for _ in range(args.repeat):
+            for i, c in enumerate(checkouts):
+                status, cpu, wall = measure(per[i][k][1], c)
+                failed[i] |= status != 0
+                best[i] = min(best[i], cpu)
+        cells = " ".join(f"{b:8.2f}" + ("!" if f else "") for b, f in zip(best, failed))
+        ratio = f"   {best[-1] / best[0]:8.2f}x" if len(checkouts) > 1 else ""
+        print(f"{name:<44} {cells}{ratio}", flush=True)
+    if any(failed):
+        print("# !: a run failed (its stderr is above)")
+
+
+def single(checkout, args):
+    """One checkout, one round: the table with wall seconds too."""
     have_data = (checkout.parent / "shared" / "data").is_dir()
     todo = [r for r in rows(checkout)
             if not args.only or any(o.lower() in r[0].lower() for o in args.only)]
