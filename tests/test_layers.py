@@ -399,7 +399,7 @@ def test_an_internal_callee_has_no_wrappers_and_runs_from_python_through_a_tramp
     a = np.arange(5)
     assert caller(a, 1) == 3
     assert twice(a, 4) == plain(a, 4) == 8  # from Python: the trampoline
-    assert isinstance(twice, config.InnerDispatcher) and len(twice.signatures) == 1
+    assert isinstance(twice, config.inner.dispatcher_type) and len(twice.signatures) == 1
 
     def has_cpython_wrapper(dispatcher):
         cres = dispatcher.overloads[dispatcher.signatures[0]]
@@ -413,7 +413,7 @@ def inner_kernels():
     for name in kernel_modules():
         module = importlib.import_module(f"radix_soa._kernels.{name}")
         out.update((module.__name__, k) for k, v in vars(module).items()
-                   if isinstance(v, config.InnerDispatcher) and v.__module__ == module.__name__)
+                   if isinstance(v, config.inner.dispatcher_type) and v.__module__ == module.__name__)
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from numba import config as numba_config
 from numba import njit
-from numba.core.registry import CPUDispatcher
+from numba.core import registry
 
 from . import notice
 
@@ -68,21 +68,28 @@ kernel_parallel: Any = njit(cache=True, parallel=True)
 _NO_WRAPPERS = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 
-class InnerDispatcher(CPUDispatcher):
-    """A dispatcher compiled without the CPython and cfunc wrappers; a call
-    from Python goes through a compiled trampoline (made once, not cached)."""
+def _inner_dispatcher_type():
+    # built here, not at module level: the kernel modules' attributes that
+    # have ``signatures`` are their kernels (tests list them so), and a
+    # dispatcher class has that attribute too
+    class InnerDispatcher(registry.CPUDispatcher):
+        """A dispatcher compiled without the CPython and cfunc wrappers; a
+        call from Python goes through a compiled trampoline (made once, not
+        cached)."""
 
-    def __call__(self, *args):
-        trampoline = self.__dict__.get("_trampoline")
-        if trampoline is None:
-            callee = self
+        def __call__(self, *args):
+            trampoline = self.__dict__.get("_trampoline")
+            if trampoline is None:
+                callee = self
 
-            def trampoline(*a):
-                return callee(*a)
-            options = {k: v for k, v in self.targetoptions.items()
-                       if k not in _NO_WRAPPERS and k != "cache"}
-            trampoline = self.__dict__["_trampoline"] = njit(**options)(trampoline)
-        return trampoline(*args)
+                def trampoline(*a):
+                    return callee(*a)
+                options = {k: v for k, v in self.targetoptions.items()
+                           if k not in _NO_WRAPPERS and k != "cache"}
+                trampoline = self.__dict__["_trampoline"] = njit(**options)(trampoline)
+            return trampoline(*args)
+
+    return InnerDispatcher
 
 
 def inner(options):
@@ -92,12 +99,14 @@ def inner(options):
             return njit(**options)(func)
         targetoptions = {k: v for k, v in options.items() if k != "cache"}
         targetoptions.update(_NO_WRAPPERS)
-        dispatcher = InnerDispatcher(py_func=func, locals={}, targetoptions=targetoptions)
+        dispatcher = inner.dispatcher_type(
+            py_func=func, locals={}, targetoptions=targetoptions)
         if options.get("cache"):
             dispatcher.enable_caching()
         return dispatcher
     return decorate
 
 
+inner.dispatcher_type = _inner_dispatcher_type()  # type: ignore[attr-defined]
 kernel_inner: Any = inner(kernel_options())
 kernel_inner_alloc: Any = inner({"cache": True})
