@@ -13,6 +13,7 @@ beside the checkout, else they are listed as skipped.
     python asv_bench/first_use.py --checkout ../main # another one, to compare
     python asv_bench/first_use.py --only readme      # rows whose name has "readme"
     python asv_bench/first_use.py --jobs 2           # rows in parallel processes
+    python asv_bench/first_use.py --warm             # the second run: kernels loaded from the cache
     python asv_bench/first_use.py --checkout ../main --checkout . --repeat 3 --only readme
                                       # checkouts side by side: interleaved, best of 3
 
@@ -81,9 +82,11 @@ def rows(checkout):
     return out
 
 
-def measure(argv, checkout, extra_env=None):
+def measure(argv, checkout, extra_env=None, warm=False):
     """``(exit status, CPU s, wall s)`` of ``argv`` run with a fresh Numba
-    cache from a scratch directory laid out like a checkout's parent."""
+    cache from a scratch directory laid out like a checkout's parent;
+    ``warm``: run once untimed first, then timed on the cache it filled
+    (what a user pays once the kernels are cached, or were shipped)."""
     with tempfile.TemporaryDirectory(prefix="first-use-") as tmp:
         work = Path(tmp) / "radix_soa"
         work.mkdir()
@@ -96,6 +99,9 @@ def measure(argv, checkout, extra_env=None):
         env["PYTHONPATH"] = os.pathsep.join(
             [str(checkout)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env.setdefault("MPLBACKEND", "Agg")
+        if warm:
+            subprocess.run(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
         done = subprocess.run([sys.executable, "-c", _TIMER, *argv], cwd=work, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         status, cpu, wall = done.stdout.split()
@@ -111,6 +117,8 @@ def main(argv=None):
     parser.add_argument("--only", action="append", default=[],
                         help="measure rows whose name contains this (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="rows measured at once")
+    parser.add_argument("--warm", action="store_true",
+                        help="time a second run on the cache the first filled")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds (each row on each checkout once a round); best is shown")
     args = parser.parse_args(argv)
@@ -137,7 +145,7 @@ def main(argv=None):
         failed = [False] * len(checkouts)
         for _ in range(args.repeat):
             for i, c in enumerate(checkouts):
-                status, cpu, wall = measure(per[i][k][1], c)
+                status, cpu, wall = measure(per[i][k][1], c, warm=args.warm)
                 failed[i] |= status != 0
                 best[i] = min(best[i], cpu)
         cells = " ".join(f"{b:8.2f}" + ("!" if f else "") for b, f in zip(best, failed))
@@ -159,7 +167,7 @@ def single(checkout, args):
         name, cmd, needs = row
         if needs and not have_data:
             return name, None
-        return name, measure(cmd, checkout)
+        return name, measure(cmd, checkout, warm=args.warm)
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for name, result in pool.map(one, todo):
