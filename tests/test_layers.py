@@ -458,4 +458,4 @@ def test_no_internal_callee_is_called_from_the_products_python():
     inner = inner_kernels()
     assert len(inner) > 100
     assert inner & kernels_named_from_python() == set()
-    assert ("radix_soa._kernels.descent", "exists_at") in kernels_named_from_python()
+    assert ("radix_soa._kernels.descent", "lookup_at") in kernels_named_from_python()
