@@ -90,10 +90,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        found = descent_kernels.lookup_at(s.directory, s.like, s.root, q, False)
+        found = descent_kernels.exists_at(s.directory, s.like, s.root, q)
         if s.generation != generation:  # a growth replaced the arrays meanwhile
             with self._lock:
-                found = descent_kernels.lookup_at(s.directory, s.like, s.root, q, False)
+                found = descent_kernels.exists_at(s.directory, s.like, s.root, q)
         return bool(found)
 
     __contains__ = exists
@@ -110,10 +110,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        length = descent_kernels.lookup_at(s.directory, s.like, s.root, q, True)
+        length = descent_kernels.match1_at(s.directory, s.like, s.root, q)
         if s.generation != generation:
             with self._lock:
-                length = descent_kernels.lookup_at(s.directory, s.like, s.root, q, True)
+                length = descent_kernels.match1_at(s.directory, s.like, s.root, q)
         return int(length)
 
     match_prefix = match_length

@@ -7,12 +7,12 @@ Read-only kernels take the few arrays they read as arguments: ``tokens`` (the bu
 entries reading the table alone; ``parent`` confirms a candidate).
 Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
-The single-query entries ``lookup_at`` (``RadixCache``'s exists and match)
-and ``match_at`` (any page) take the directory ``D`` instead (see
-``directory``: one argument in place of six).
+The single-query entries ``exists_at``, ``match1_at`` (``RadixCache``'s:
+pages of one token) and ``match_at`` (any page) take the directory ``D``
+instead (see ``directory``: one argument in place of six).
 
 Call graph (callers after their callees): common -> descend -> exists_one,
-match_one -> lookup_at, match_at; settle, refill -> descend_lanes (GROUP queries interleaved,
+match_one -> exists_at, match1_at, match_at; settle, refill -> descend_lanes (GROUP queries interleaved,
 prefetched) -> exists_batch(_parallel), match_batch(_parallel);
 descend_group (a group's descents, for radix_insert_batch)
 """
@@ -110,19 +110,21 @@ def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
 
 
 @kernel
-def lookup_at(D, like, root, q, match):
-    """``RadixCache``'s query entry on the tree at directory ``D``:
-    ``match_one`` of all of ``q`` (page 1) if ``match``, else
-    ``exists_one`` (1 or 0). One entry for the two queries, on the descent
-    specialized for a page of 1 that the insert uses too: a first use
-    compiles one entry and one descent, not two of each."""
+def exists_at(D, like, root, q):
+    """``exists_one`` of all of ``q`` on the tree at directory ``D``."""
     T = tree_at(D, like)
-    if match:
-        return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
-                         q.shape[0], 1)
-    found = exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q,
-                       0, q.shape[0])
-    return 1 if found else 0
+    return exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q, 0,
+                      q.shape[0])
+
+
+@kernel
+def match1_at(D, like, root, q):
+    """``match_at`` with pages of one token (``RadixCache``): the page a
+    literal 1, as in ``exists_at`` and the insert, so a first use compiles
+    one descent for the three, and a call passes one argument less."""
+    T = tree_at(D, like)
+    return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
+                     q.shape[0], 1)
 
 
 @kernel
