@@ -407,6 +407,21 @@ def test_an_internal_callee_has_no_wrappers_and_runs_from_python_through_a_tramp
     assert has_cpython_wrapper(plain) and not has_cpython_wrapper(twice)
 
 
+def test_a_helper_compiles_once_for_literal_and_narrow_int_arguments():
+    options = {k: v for k, v in config.kernel_options().items() if k != "cache"}
+    add = config.inner(options, plain=True)(lambda a, k, flag: a[k] + 1 if flag else a[k] - 1)
+    by_literal = njit(**options)(lambda a: add(a, 2, True) + add(a, 3, False))
+    by_int32 = njit(**options)(lambda a, i: add(a, np.int32(i), True))
+    a = np.arange(10, 20)
+    assert by_literal(a) == 13 + 12 and by_int32(a, 4) == 15
+    assert by_int32(a, np.int32(4)) == 15
+    # one specialization: (array, int64, bool), the literals and the int32 widened
+    assert [tuple(str(t) for t in sig[1:]) for sig in add.signatures] == [("int64", "bool")]
+    plain = config.inner(options)(lambda a, k, flag: a[k] + 1 if flag else a[k] - 1)
+    njit(**options)(lambda a: plain(a, 2, True) + plain(a, 3, False))(a)
+    assert len(plain.signatures) == 2  # the literal twins a plain internal callee compiles
+
+
 def inner_kernels():
     """``{(module, name)}`` of every kernel decorated as an internal callee."""
     out = set()
@@ -458,4 +473,4 @@ def test_no_internal_callee_is_called_from_the_products_python():
     inner = inner_kernels()
     assert len(inner) > 100
     assert inner & kernels_named_from_python() == set()
-    assert ("radix_soa._kernels.descent", "lookup_at") in kernels_named_from_python()
+    assert ("radix_soa._kernels.descent", "match1_at") in kernels_named_from_python()

@@ -22,17 +22,19 @@ heap_push, heap_remove, heap_top (a stale top moved down first), rekey ->
 touch, touch_insert
 """
 
-from .config import kernel, kernel_inner
+import numpy as np
+
+from .config import kernel, kernel_helper, kernel_inner
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
                      P_LFU, P_LRU, P_MRU, P_PRIORITY, P_SLRU, PRIORITY_OFFSET, SLRU_PROTECTED)
 
 
-@kernel_inner
+@kernel_helper
 def heap_less(hkey, a, b):
     return hkey[a] < hkey[b] or (hkey[a] == hkey[b] and a < b)
 
 
-@kernel_inner
+@kernel_helper
 def heap_sift_up(heap, hpos, hkey, i):
     v = heap[i]
     while i > 0:
@@ -47,7 +49,7 @@ def heap_sift_up(heap, hpos, hkey, i):
     hpos[v] = i
 
 
-@kernel_inner
+@kernel_helper
 def heap_sift_down(heap, hpos, hkey, size, i):
     v = heap[i]
     while True:
@@ -66,7 +68,7 @@ def heap_sift_down(heap, hpos, hkey, size, i):
     hpos[v] = i
 
 
-@kernel_inner
+@kernel_helper
 def heap_push(heap, hpos, stamp, hkey, meta, v):
     i = meta[M_HEAP_SIZE]
     meta[M_HEAP_SIZE] = i + 1
@@ -76,9 +78,9 @@ def heap_push(heap, hpos, stamp, hkey, meta, v):
     heap_sift_up(heap, hpos, hkey, i)
 
 
-@kernel_inner
+@kernel_helper
 def heap_remove(heap, hpos, hkey, meta, v):
-    i = hpos[v]
+    i = np.int64(hpos[v])  # int64 positions: one specialization of each sift
     hpos[v] = -1
     last = meta[M_HEAP_SIZE] - 1
     meta[M_HEAP_SIZE] = last
@@ -88,7 +90,7 @@ def heap_remove(heap, hpos, hkey, meta, v):
     heap[i] = u
     hpos[u] = i
     heap_sift_up(heap, hpos, hkey, i)
-    heap_sift_down(heap, hpos, hkey, last, hpos[u])
+    heap_sift_down(heap, hpos, hkey, last, np.int64(hpos[u]))
 
 
 @kernel_inner
@@ -101,7 +103,7 @@ def heap_top(heap, hpos, stamp, hkey, meta):
         if hkey[x] == stamp[x]:
             return x
         hkey[x] = stamp[x]
-        heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], 0)
+        heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], np.int64(0))
 
 
 @kernel_inner
@@ -153,7 +155,7 @@ def rekey(heap, hpos, stamp, hkey, v, key):
     """Give ``v`` the key ``key``: a heap entry whose key falls moves up now;
     one whose key rises stays put (``heap_top`` moves it when it matters)."""
     stamp[v] = key
-    i = hpos[v]
+    i = np.int64(hpos[v])
     if i >= 0 and key < hkey[v]:
         hkey[v] = key
         heap_sift_up(heap, hpos, hkey, i)

@@ -15,7 +15,7 @@ merge_room, merge_into_child -> remove_one
 
 import numpy as np
 
-from .config import kernel, kernel_alloc, kernel_inner
+from .config import kernel, kernel_alloc, kernel_helper, kernel_inner
 from .descent import GROUP, descend, descend_group
 from .directory import tree_at
 from .heap import heap_push, heap_remove, key_on_create, key_on_insert, touch_insert
@@ -91,7 +91,7 @@ def new_root(T, track, ns):
 
 # ---------------------------------------------------------------- insert
 
-@kernel_inner
+@kernel_helper
 def copy_run(dst, d, src, s, n):
     """``dst[d:d+n] = src[s:s+n]`` (non-overlapping, any int dtypes)."""
     dv = dst[d:d + n]

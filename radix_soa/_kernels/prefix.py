@@ -16,7 +16,7 @@ pc_evict_one
 """
 
 from .chain import log_removed, log_stored
-from .config import kernel, kernel_inner
+from .config import kernel, kernel_helper, kernel_inner
 from .descent import descend
 from .directory import tree_at
 from .heap import heap_push, heap_remove, heap_sift_down, heap_top, touch
@@ -135,7 +135,7 @@ def path_unlocked(T, root, node):
     return unlocked
 
 
-@kernel_inner
+@kernel_helper
 def room_needed(T, new, unlocked, page, cap):
     """The capacity rule of adding ``new`` tokens while the path holding
     ``unlocked`` unlocked tokens is kept: 0 when it fits, the tokens to evict

@@ -22,7 +22,7 @@ table_rebuild; term bitmap; has_room, need_room
 
 import numpy as np
 
-from .config import kernel, kernel_inner
+from .config import kernel, kernel_helper, kernel_inner
 from .layout import (EMPTY, ENTRY_NODE_MASK, ENTRY_TAG_MASK, LOAD_DEN, LOAD_NUM, META,
                      M_NEED_NODES, M_NEED_TOKENS, M_NODE_END, M_NODES, M_FREE_COUNT, M_TOK_USED,
                      NO_NODE, ROOM, START, TABLE, TOKENS)
@@ -43,7 +43,7 @@ def mix64(x):
     return x
 
 
-@kernel
+@kernel_helper
 def key_hash(p, arr, pos, page):
     """Hash of the child key (parent id ``p``, ``arr[pos:pos+page]``)."""
     h = mix64(np.uint64(np.int64(p)) + np.uint64(0x9E3779B97F4A7C15))
@@ -52,32 +52,32 @@ def key_hash(p, arr, pos, page):
     return h
 
 
-@kernel_inner
+@kernel_helper
 def home_slot(table, h):
     return np.int64(h & np.uint64(table.shape[0] - 1))
 
 
-@kernel_inner
+@kernel_helper
 def tag_of(h):
     """The upper half of the entries a key hash ``h`` places: its high 32
     bits, as an int64 with the node id bits zero."""
     return np.int64(h & np.uint64(0xFFFFFFFF00000000))
 
 
-@kernel_inner
+@kernel_helper
 def entry_of(h, c):
     """The table entry of node ``c`` (>= 0) placed by key hash ``h``."""
     return tag_of(h) | np.int64(c)
 
 
-@kernel_inner
+@kernel_helper
 def retarget(e, c):
     """Entry ``e``'s key for node ``c`` (a split's upper part, or a merged
     child, takes over a key as it is)."""
     return (e & ENTRY_TAG_MASK) | np.int64(c)
 
 
-@kernel_inner
+@kernel_helper
 def child_tagged(e, tag):
     """The node entry ``e`` holds if ``e`` carries ``tag``, else -1: a
     candidate child, to be checked by ``is_child``."""
@@ -132,7 +132,7 @@ def probe_on(table, tokens, start, parent, i, e, p, tag, q, pos, page):
     return NO_NODE
 
 
-@kernel_inner
+@kernel_helper
 def node_hash(tokens, start, parent, c, page):
     """The key hash node ``c`` is placed by."""
     return key_hash(parent[c], tokens, start[c], page)
@@ -148,7 +148,7 @@ def table_put(table, tokens, start, parent, c, page):
     table[i] = entry_of(h, c)
 
 
-@kernel_inner
+@kernel_helper
 def table_slot(table, tokens, start, parent, c, page):
     """Slot holding node ``c`` (which must be in the table)."""
     mask = table.shape[0] - 1
@@ -213,19 +213,19 @@ def term_get(term, v):
     return (term[v >> 3] >> (v & 7)) & 1
 
 
-@kernel_inner
+@kernel_helper
 def term_set(term, v):
     term[v >> 3] |= np.uint8(1 << (v & 7))
 
 
-@kernel_inner
+@kernel_helper
 def term_clear(term, v):
     term[v >> 3] &= np.uint8(~(1 << (v & 7)) & 0xFF)
 
 
 # ---------------------------------------------------------------- room
 
-@kernel_inner
+@kernel_helper
 def has_room(T, n_tokens, n_nodes):
     """True if ``n_tokens`` buffer tokens, ``n_nodes`` node ids and their
     table entries fit without growing."""
@@ -237,7 +237,7 @@ def has_room(T, n_tokens, n_nodes):
     return table_fits(meta[M_NODES] + n_nodes, T[TABLE].shape[0])
 
 
-@kernel_inner
+@kernel_helper
 def need_room(T, n_tokens, n_nodes):
     """Record what a call needs and return ``ROOM``."""
     meta = T[META]

@@ -25,7 +25,7 @@ _hash -> _field -> _event -> read_batch
 
 import numpy as np
 
-from .config import kernel, kernel_inner
+from .config import kernel, kernel_helper, kernel_inner
 
 # ev's columns
 E_KIND, E_H0, E_HN, E_PARENT, E_HASP, E_T0, E_TN, E_BS = 0, 1, 2, 3, 4, 5, 6, 7
@@ -87,7 +87,7 @@ def _be(buf, s, n):
     return v
 
 
-@kernel
+@kernel_helper
 def _fail(err, code, pos, i):
     if err[0] == W_OK:
         err[0] = code
@@ -96,7 +96,7 @@ def _fail(err, code, pos, i):
     return -1
 
 
-@kernel_inner
+@kernel_helper
 def _need(buf, p, n, err, i):
     """``p`` if ``n`` bytes are there from ``p``, else -1 (truncated)."""
     if p < 0 or p + n > buf.shape[0]:
