@@ -13,6 +13,13 @@ beside the checkout, else they are listed as skipped.
     python asv_bench/first_use.py --checkout ../main # another one, to compare
     python asv_bench/first_use.py --only readme      # rows whose name has "readme"
     python asv_bench/first_use.py --jobs 2           # rows in parallel processes
+    python asv_bench/first_use.py --warm             # the second run: kernels loaded from the cache
+    python asv_bench/first_use.py --checkout ../main --checkout . --repeat 3 --only readme
+                                      # checkouts side by side: interleaved, best of 3
+
+With several ``--checkout`` (or ``--repeat``), every round measures each row
+on each checkout in turn, and the table shows each checkout's best CPU
+seconds and the ratio of the last to the first.
 
 CPU seconds are measured with ``resource.getrusage(RUSAGE_CHILDREN)``
 around each child (one child per row, so rows run in parallel do not mix),
@@ -26,7 +33,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -76,9 +82,11 @@ def rows(checkout):
     return out
 
 
-def measure(argv, checkout, extra_env=None):
+def measure(argv, checkout, extra_env=None, warm=False):
     """``(exit status, CPU s, wall s)`` of ``argv`` run with a fresh Numba
-    cache from a scratch directory laid out like a checkout's parent."""
+    cache from a scratch directory laid out like a checkout's parent;
+    ``warm``: run once untimed first, then timed on the cache it filled
+    (what a user pays once the kernels are cached, or were shipped)."""
     with tempfile.TemporaryDirectory(prefix="first-use-") as tmp:
         work = Path(tmp) / "radix_soa"
         work.mkdir()
@@ -91,6 +99,9 @@ def measure(argv, checkout, extra_env=None):
         env["PYTHONPATH"] = os.pathsep.join(
             [str(checkout)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env.setdefault("MPLBACKEND", "Agg")
+        if warm:
+            subprocess.run(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
         done = subprocess.run([sys.executable, "-c", _TIMER, *argv], cwd=work, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         status, cpu, wall = done.stdout.split()
@@ -101,13 +112,51 @@ def measure(argv, checkout, extra_env=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout to measure (default: this one)")
+    parser.add_argument("--checkout", type=Path, action="append", default=[],
+                        help="a checkout to measure (default: this one); repeat to compare")
     parser.add_argument("--only", action="append", default=[],
                         help="measure rows whose name contains this (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="rows measured at once")
+    parser.add_argument("--warm", action="store_true",
+                        help="time a second run on the cache the first filled")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds (each row on each checkout once a round); best is shown")
     args = parser.parse_args(argv)
-    checkout = args.checkout.resolve()
+    checkouts = [c.resolve() for c in args.checkout] or [Path(__file__).resolve().parents[1]]
+    if len(checkouts) == 1 and args.repeat == 1:
+        return single(checkouts[0], args)
+    have_data = all((c.parent / "shared" / "data").is_dir() for c in checkouts)
+    per = [[r for r in rows(c) if not args.only or any(o.lower() in r[0].lower() for o in args.only)]
+           for c in checkouts]
+    names = [r[0] for r in per[0]]
+    if any([r[0] for r in p] != names for p in per):
+        raise SystemExit("the checkouts' rows differ (their README or guide blocks); compare "
+                         "with --only on rows they share")
+    for i, c in enumerate(checkouts):
+        print(f"# [{i}] {c}")
+    print(f"# best of {args.repeat} rounds, interleaved; fresh Numba cache per run; CPU s")
+    print(f"{'row':<44} " + " ".join(f"{'[' + str(i) + ']':>8}" for i in range(len(checkouts)))
+          + ("   last/first" if len(checkouts) > 1 else ""))
+    for k, name in enumerate(names):
+        if per[0][k][2] and not have_data:
+            print(f"{name:<44} {'skipped (needs ../shared/data)':>17}")
+            continue
+        best = [float("inf")] * len(checkouts)
+        failed = [False] * len(checkouts)
+        for _ in range(args.repeat):
+            for i, c in enumerate(checkouts):
+                status, cpu, wall = measure(per[i][k][1], c, warm=args.warm)
+                failed[i] |= status != 0
+                best[i] = min(best[i], cpu)
+        cells = " ".join(f"{b:8.2f}" + ("!" if f else "") for b, f in zip(best, failed))
+        ratio = f"   {best[-1] / best[0]:8.2f}x" if len(checkouts) > 1 else ""
+        print(f"{name:<44} {cells}{ratio}", flush=True)
+    if any(failed):
+        print("# !: a run failed (its stderr is above)")
+
+
+def single(checkout, args):
+    """One checkout, one round: the table with wall seconds too."""
     have_data = (checkout.parent / "shared" / "data").is_dir()
     todo = [r for r in rows(checkout)
             if not args.only or any(o.lower() in r[0].lower() for o in args.only)]
@@ -118,7 +167,7 @@ def main(argv=None):
         name, cmd, needs = row
         if needs and not have_data:
             return name, None
-        return name, measure(cmd, checkout)
+        return name, measure(cmd, checkout, warm=args.warm)
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for name, result in pool.map(one, todo):

@@ -110,10 +110,10 @@ class RadixCache(TreeCache):
         q = as_tokens(sequence)
         s = self._s
         generation = s.generation
-        length = descent_kernels.match_at(s.directory, s.like, s.root, q, 1)
+        length = descent_kernels.match1_at(s.directory, s.like, s.root, q)
         if s.generation != generation:
             with self._lock:
-                length = descent_kernels.match_at(s.directory, s.like, s.root, q, 1)
+                length = descent_kernels.match1_at(s.directory, s.like, s.root, q)
         return int(length)
 
     match_prefix = match_length

@@ -194,6 +194,24 @@ def test_a_namespace_is_made_by_the_call_that_first_uses_it():
     assert pc._s.roots() == {0: pc._roots[0], 1: pc._roots["tenant"]}
 
 
+@pytest.mark.parametrize("track, values", [(False, False), (True, False), (True, True)])
+def test_a_new_storage_has_the_root_the_new_root_kernel_makes(track, values):
+    from radix_soa._kernels import mutation as KM
+    from radix_soa._kernels import layout as L
+
+    s = TreeStorage(np.int32, values=values, track=track)
+    arrays = {name: a.copy() for name, a in s.tree._asdict().items()}
+    arrays["parent"][0] = 0  # back to the zeroed arrays before any root
+    arrays["meta"][L.M_NODE_END] = 0
+    arrays["meta"][L.M_ROOTS] = 0
+    T = tuple(arrays[name] for name in L.TREE_FIELDS)
+    status, root = KM.new_root(T, track, 0)
+    assert (status, root, s.root) == (DONE, 0, 0)
+    for name, a in s.tree._asdict().items():
+        assert np.array_equal(a, arrays[name]), name
+    assert s.roots() == {0: 0}
+
+
 # ---------------------------------------------------------------- the directory
 
 def _field_summaries(D, like):

@@ -389,3 +389,88 @@ def test_the_product_raises_a_kernel_status_through_the_one_map():
                 assert isinstance(r.exc, ast.Call) and ast.unparse(r.exc.func) == "status_error", \
                     f"{m} line {r.lineno}: raises {ast.unparse(r.exc)}, not status_error(...)"
     assert len(sites) >= 8, sites  # insert, lock, touch, begin, abort, transitions, batches
+
+
+def test_an_internal_callee_has_no_wrappers_and_runs_from_python_through_a_trampoline():
+    options = {k: v for k, v in config.kernel_options().items() if k != "cache"}
+    twice = config.inner(options)(lambda a, i: a[i] * 2)
+    plain = njit(**options)(lambda a, i: a[i] * 2)
+    caller = njit(**options)(lambda a, i: twice(a, i) + 1)
+    a = np.arange(5)
+    assert caller(a, 1) == 3
+    assert twice(a, 4) == plain(a, 4) == 8  # from Python: the trampoline
+    assert isinstance(twice, config.inner.dispatcher_type) and len(twice.signatures) == 1
+
+    def has_cpython_wrapper(dispatcher):
+        cres = dispatcher.overloads[dispatcher.signatures[0]]
+        return cres.fndesc.llvm_cpython_wrapper_name in cres.library.get_llvm_str()
+    assert has_cpython_wrapper(plain) and not has_cpython_wrapper(twice)
+
+
+def test_a_helper_compiles_once_for_literal_and_narrow_int_arguments():
+    options = {k: v for k, v in config.kernel_options().items() if k != "cache"}
+    add = config.inner(options, plain=True)(lambda a, k, flag: a[k] + 1 if flag else a[k] - 1)
+    by_literal = njit(**options)(lambda a: add(a, 2, True) + add(a, 3, False))
+    by_int32 = njit(**options)(lambda a, i: add(a, np.int32(i), True))
+    a = np.arange(10, 20)
+    assert by_literal(a) == 13 + 12 and by_int32(a, 4) == 15
+    assert by_int32(a, np.int32(4)) == 15
+    # one specialization: (array, int64, bool), the literals and the int32 widened
+    assert [tuple(str(t) for t in sig[1:]) for sig in add.signatures] == [("int64", "bool")]
+    plain = config.inner(options)(lambda a, k, flag: a[k] + 1 if flag else a[k] - 1)
+    njit(**options)(lambda a: plain(a, 2, True) + plain(a, 3, False))(a)
+    assert len(plain.signatures) == 2  # the literal twins a plain internal callee compiles
+
+
+def inner_kernels():
+    """``{(module, name)}`` of every kernel decorated as an internal callee."""
+    out = set()
+    for name in kernel_modules():
+        module = importlib.import_module(f"radix_soa._kernels.{name}")
+        out.update((module.__name__, k) for k, v in vars(module).items()
+                   if isinstance(v, config.inner.dispatcher_type) and v.__module__ == module.__name__)
+    return out
+
+
+def kernels_named_from_python():
+    """``{(kernel module, name)}`` that Python code names: outside the kernel
+    package through an imported kernel module or an imported name, inside it
+    in a function that is not a kernel."""
+    used = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        if module.startswith("radix_soa._kernels."):
+            plain = [f for f in tree.body if isinstance(f, ast.FunctionDef) and not f.decorator_list]
+            used.update((module, n.id) for f in plain for n in ast.walk(f)
+                        if isinstance(n, ast.Name))
+            continue
+        is_pkg = path.name == "__init__.py"
+        base = module.split(".") if is_pkg else module.split(".")[:-1]
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = (".".join(base[: len(base) - node.level + 1]
+                                   + ([node.module] if node.module else []))
+                          if node.level else node.module or "")
+                for a in node.names:
+                    if target == "radix_soa._kernels":
+                        aliases[a.asname or a.name] = f"{target}.{a.name}"
+                    elif target.startswith("radix_soa._kernels."):
+                        used.add((target, a.name))
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("radix_soa._kernels.") and a.asname:
+                        aliases[a.asname] = a.name
+        used.update((aliases[n.value.id], n.attr) for n in ast.walk(tree)
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                    and n.value.id in aliases)
+    return used
+
+
+def test_no_internal_callee_is_called_from_the_products_python():
+    # a call from Python would work (the trampoline) but compile a second
+    # time and cost a trampoline per call: such a kernel takes ``kernel``
+    inner = inner_kernels()
+    assert len(inner) > 100
+    assert inner & kernels_named_from_python() == set()
+    assert ("radix_soa._kernels.descent", "match1_at") in kernels_named_from_python()

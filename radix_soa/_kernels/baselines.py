@@ -16,7 +16,7 @@ Call graph (callers after their callees): the array baselines' kernels
 
 import numpy as np
 
-from .config import kernel
+from .config import kernel, kernel_inner
 from .table import home_slot, mix64, table_fits, term_get
 
 NO_ENTRY = -1
@@ -34,14 +34,14 @@ SET_META_SIZE = 4
 
 # ---------------------------------------------------------------- hashing
 
-@kernel
+@kernel_inner
 def _edge_hash(p, tok):
     """Hash of the child key (parent id ``p``, token ``tok``)."""
     h = mix64(np.uint64(np.int64(p)) + np.uint64(0x9E3779B97F4A7C15))
     return mix64(h ^ np.uint64(np.int64(tok)))
 
 
-@kernel
+@kernel_inner
 def _seq_hash(q, qs, qn):
     """Hash of the whole sequence ``q[qs:qs+qn]`` (its length, then each token)."""
     h = mix64(np.uint64(np.int64(qn)) + np.uint64(0x9E3779B97F4A7C15))
@@ -52,7 +52,7 @@ def _seq_hash(q, qs, qn):
 
 # ---------------------------------------------------------------- token trie
 
-@kernel
+@kernel_inner
 def _trie_find(token, parent, table, p, tok):
     """Child of ``p`` labelled ``tok``, or -1."""
     mask = table.shape[0] - 1
@@ -66,7 +66,7 @@ def _trie_find(token, parent, table, p, tok):
         i = (i + 1) & mask
 
 
-@kernel
+@kernel_inner
 def _trie_put(token, parent, table, c):
     mask = table.shape[0] - 1
     i = home_slot(table, _edge_hash(parent[c], token[c]))
@@ -75,7 +75,7 @@ def _trie_put(token, parent, table, c):
     table[i] = c
 
 
-@kernel
+@kernel_inner
 def _trie_walk(token, parent, table, q, qs, qn):
     """Deepest node on the path of ``q[qs:qs+qn]`` and its depth."""
     v = 0
@@ -155,7 +155,7 @@ def trie_rebuild_table(token, parent, table, nodes):
 
 # ---------------------------------------------------------------- sequence hash set
 
-@kernel
+@kernel_inner
 def _set_find(buf, offs, table, q, qs, qn):
     """``(slot, id)``: the stored sequence equal to ``q[qs:qs+qn]`` and its
     slot, or ``id == -1`` and the empty slot where it would go."""

@@ -31,7 +31,7 @@ chain_hashes, log_stored, log_removed (the KV event log)
 
 import numpy as np
 
-from .config import kernel
+from .config import kernel, kernel_inner
 from .layout import LENGTH, PARENT, START, TOKENS
 from .table import mix64
 
@@ -44,17 +44,17 @@ _C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0x85EBCA77C2B2AE63),
       np.uint64(0x27D4EB2F165667C5), np.uint64(0x94D049BB133111EB))
 
 
-@kernel
+@kernel_inner
 def _rotl(x, r):
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
-@kernel
+@kernel_inner
 def _step(x, t, m):
     return _rotl((x ^ np.uint64(np.int64(t))) * m, 31)
 
 
-@kernel
+@kernel_inner
 def page_content(tokens, s, page):
     """The hash of the tokens of one page alone: token j goes to lane
     ``j % 4`` (``x = rotl((x ^ t) * m, 31)``; four independent lanes, so the
@@ -84,7 +84,7 @@ def page_hash(h, tokens, s, page):
     return mix64(h ^ page_content(tokens, s, page))
 
 
-@kernel
+@kernel_inner
 def chain_hashes(q, qs, n, page, seed, out):
     """The hashes of the ``n // page`` whole pages of ``q[qs:qs+n]`` from
     ``seed`` into ``out`` (uint64)."""
@@ -94,7 +94,7 @@ def chain_hashes(q, qs, n, page, seed, out):
         out[i] = h
 
 
-@kernel
+@kernel_inner
 def _seed_of(T, seeds, v):
     """``(seed, namespace number)`` of the root above node ``v``."""
     parent = T[PARENT]
@@ -106,7 +106,7 @@ def _seed_of(T, seeds, v):
     return np.uint64(0), ns
 
 
-@kernel
+@kernel_inner
 def log_stored(T, ev, root, q, qs, cached, n, page):
     """Record that ``q[qs+cached:qs+n]`` (whole pages) was just inserted
     under ``root``; nothing when it is empty."""
@@ -134,14 +134,14 @@ def log_stored(T, ev, root, q, qs, cached, n, page):
     log[0] = w + n - cached
 
 
-@kernel
+@kernel_inner
 def _ancestor(parent, x, up):
     for _ in range(up):
         x = parent[x]
     return x
 
 
-@kernel
+@kernel_inner
 def log_removed(T, ev, x, rest, take, page):
     """Record that the last ``take`` tokens of node ``x`` (after its first
     ``rest``) are about to go; the path root..x must still be intact."""

@@ -24,7 +24,7 @@ import numpy as np
 from numba import carray, prange, types
 from numba.extending import intrinsic
 
-from .config import kernel_parallel, kernel_scratch
+from .config import kernel_inner_alloc, kernel_parallel, kernel_scratch
 from .descent import descend_lanes
 from .layout import DONE
 from .mutation import radix_insert_batch
@@ -43,13 +43,13 @@ def pointer_like(typingctx, address, like):
     return ptr(address, like), codegen
 
 
-@kernel_scratch
+@kernel_inner_alloc
 def view_at(address, n, like):
     """``n`` elements of ``like``'s dtype at ``address`` (a view, no copy)."""
     return carray(pointer_like(address, like), n)
 
 
-@kernel_scratch
+@kernel_inner_alloc
 def chunk_offsets(offsets_addr, wide, k, j, m, out):
     """Chunk ``k``'s offsets ``j .. j + m`` into ``out[:m + 1]`` (int64),
     rebased to 0; returns offset ``j`` (where row ``j``'s values start)."""
@@ -89,7 +89,7 @@ def chunks_scan(offsets_addr, wide, row0, n_values, G):
     return -1
 
 
-@kernel_scratch
+@kernel_inner_alloc
 def _descend_rows(tokens, start, length, parent, term, table, root, values_addr, offsets_addr,
                   wide, row0, k, a, b, base, like, page, exists, out_b, out_i):
     """``descend_lanes`` over the global rows ``a..b``, all in chunk ``k``;

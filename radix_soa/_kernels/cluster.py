@@ -24,7 +24,7 @@ cluster_run (tree_at per worker row)
 
 import numpy as np
 
-from .config import kernel, kernel_nogil
+from .config import kernel, kernel_inner, kernel_nogil
 from .descent import match_one
 from .directory import tree_at
 from .layout import DONE, LENGTH, META, M_CLOCK, M_TOKENS, PARENT, START, TABLE, TOKENS
@@ -99,12 +99,12 @@ def prefix_hashes(flat, offsets, ns, k, out):
         out[i] = np.int64(h)
 
 
-@kernel
+@kernel_inner
 def ev_less(ev_t, ev_v, a, b):
     return ev_t[a] < ev_t[b] or (ev_t[a] == ev_t[b] and ev_v[a] < ev_v[b])
 
 
-@kernel
+@kernel_inner
 def ev_swap(ev_t, ev_v, a, b):
     t = ev_t[a]
     ev_t[a] = ev_t[b]
@@ -114,7 +114,7 @@ def ev_swap(ev_t, ev_v, a, b):
     ev_v[b] = v
 
 
-@kernel
+@kernel_inner
 def ev_push(ev_t, ev_v, state, t, v):
     """Push event ``(t, v)`` on the binary min-heap in ``ev_t``/``ev_v``."""
     i = state[S_EVENTS]
@@ -129,7 +129,7 @@ def ev_push(ev_t, ev_v, state, t, v):
         i = p
 
 
-@kernel
+@kernel_inner
 def ev_pop(ev_t, ev_v, state):
     """Remove the earliest event and return its payload."""
     v = ev_v[0]
@@ -151,19 +151,19 @@ def ev_pop(ev_t, ev_v, state):
     return v
 
 
-@kernel
+@kernel_inner
 def kv_blocks(inputs, outputs, i, tokens_per_block):
     """KV blocks request ``i`` holds while it runs: its prompt and output
     tokens in whole pages."""
     return (inputs[i] + outputs[i] + tokens_per_block - 1) // tokens_per_block
 
 
-@kernel
+@kernel_inner
 def uncached_tokens(inputs, hits, i, block):
     return inputs[i] - min(hits[i] * block, inputs[i])
 
 
-@kernel
+@kernel_inner
 def retire(ev_t, ev_v, state, t, wstate, assign, hits, inputs, outputs, block, tokens_per_block):
     """Apply every event due by ``t``: a prefill's end leaves the worker's
     prefill queue, a request's end leaves its outstanding load."""
@@ -179,7 +179,7 @@ def retire(ev_t, ev_v, state, t, wstate, assign, hits, inputs, outputs, block, t
             wstate[w, W_ACTIVE] -= kv_blocks(inputs, outputs, r, tokens_per_block)
 
 
-@kernel
+@kernel_inner
 def least_loaded(wstate, nw, col):
     """The worker with the smallest ``wstate[:, col]`` (lowest id on ties)."""
     best = 0
@@ -201,7 +201,7 @@ def shortest_queue(wstate, nw):
     return best
 
 
-@kernel
+@kernel_inner
 def cache_aware_pick(R, like, roots, i, flat, qs, qn, wstate, nw, abs_thr, rel_thr, cache_thr):
     """``(worker, mode)`` as the SGLang router picks: shortest queue when the
     outstanding counts are imbalanced (max - min > abs and max > rel x min),
@@ -230,7 +230,7 @@ def cache_aware_pick(R, like, roots, i, flat, qs, qn, wstate, nw, abs_thr, rel_t
     return shortest_queue(wstate, nw), MODE_MISS
 
 
-@kernel
+@kernel_inner
 def kv_overlap_pick(W, like, roots, i, flat, qs, qn, page, inputs, outputs, wstate, nw, block,
                     weight, start):
     """Dynamo's pick: per worker, ``overlap`` = the ids its cache holds of
@@ -255,7 +255,7 @@ def kv_overlap_pick(W, like, roots, i, flat, qs, qn, page, inputs, outputs, wsta
     return best
 
 
-@kernel
+@kernel_inner
 def approx_insert(R, like, w, root, flat, qs, qn):
     """Record request ``flat[qs:qs+qn]`` in worker ``w``'s approximate tree
     (a match that refreshes its path, then an insert: two clock ticks, as
@@ -268,7 +268,7 @@ def approx_insert(R, like, w, root, flat, qs, qn):
     extend(T, root, v, -1, 0, d, flat, qs, qn, flat[:0], qs, 1, True, meta[M_CLOCK])
 
 
-@kernel
+@kernel_inner
 def approx_evict(R, like, nw, limit, out):
     """Trim every approximate tree to ``limit`` ids, least recently used
     leaf tails first (SGLang's ``evict_tenant_by_size``)."""
@@ -304,7 +304,7 @@ def serve(W, like, w, root, flat, qs, qn, page, cap, wstate, out):
     return d, False
 
 
-@kernel
+@kernel_inner
 def earliest_slot(slot_free, w, slots):
     best = 0
     for s in range(1, slots):

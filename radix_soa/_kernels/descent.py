@@ -7,11 +7,12 @@ Read-only kernels take the few arrays they read as arguments: ``tokens`` (the bu
 entries reading the table alone; ``parent`` confirms a candidate).
 Queries are int64 (``q`` one sequence; ``flat`` + int64 ``offsets`` a batch);
 results go to caller-allocated ``out`` (bool or int64, one per sequence).
-The single-query entries ``exists_at``/``match_at`` take the directory ``D``
+The single-query entries ``exists_at``, ``match1_at`` (``RadixCache``'s:
+pages of one token) and ``match_at`` (any page) take the directory ``D``
 instead (see ``directory``: one argument in place of six).
 
 Call graph (callers after their callees): common -> descend -> exists_one,
-match_one; settle, refill -> descend_lanes (GROUP queries interleaved,
+match_one -> exists_at, match1_at, match_at; settle, refill -> descend_lanes (GROUP queries interleaved,
 prefetched) -> exists_batch(_parallel), match_batch(_parallel);
 descend_group (a group's descents, for radix_insert_batch)
 """
@@ -19,7 +20,7 @@ descend_group (a group's descents, for radix_insert_batch)
 import numpy as np
 from numba import prange
 
-from .config import kernel, kernel_parallel, kernel_scratch
+from .config import kernel, kernel_inner, kernel_inner_alloc, kernel_parallel, kernel_scratch
 from .directory import tree_at
 from .layout import EMPTY, ENTRY_NODE_MASK, LENGTH, NO_NODE, PARENT, START, TABLE, TERM, TOKENS
 from .prefetch import prefetch
@@ -56,7 +57,7 @@ def common(tokens, s, q, qpos, n):
     return k
 
 
-@kernel
+@kernel_inner
 def span_match(tokens, start, length, c, q, at, rest, page):
     """``(L, k)``: child ``c``'s span length and the tokens of it that
     ``q[at:at+rest]`` matches, in whole pages (its first page is known to
@@ -92,7 +93,7 @@ def descend(tokens, start, length, parent, table, root, q, qs, qn, page):
     return v, NO_NODE, 0, pos
 
 
-@kernel
+@kernel_inner
 def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     """True if ``q[qs:qs+qn]`` ends exactly at a terminal node."""
     if qn == 0:
@@ -101,7 +102,7 @@ def exists_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     return c == NO_NODE and pos == qn and term_get(term, v) == 1
 
 
-@kernel
+@kernel_inner
 def match_one(tokens, start, length, parent, table, root, q, qs, qn, page):
     """Tokens of ``q[qs:qs+qn]`` present as a path (whole pages)."""
     v, c, k, pos = descend(tokens, start, length, parent, table, root, q, qs, qn, page)
@@ -114,6 +115,16 @@ def exists_at(D, like, root, q):
     T = tree_at(D, like)
     return exists_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TERM], T[TABLE], root, q, 0,
                       q.shape[0])
+
+
+@kernel
+def match1_at(D, like, root, q):
+    """``match_at`` with pages of one token (``RadixCache``): the page a
+    literal 1, as in ``exists_at`` and the insert, so a first use compiles
+    one descent for the three, and a call passes one argument less."""
+    T = tree_at(D, like)
+    return match_one(T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE], root, q, 0,
+                     q.shape[0], 1)
 
 
 @kernel
@@ -141,7 +152,7 @@ GROUP = 16
 CHUNK = 4096
 
 
-@kernel
+@kernel_inner
 def fetch_slot(table, v, q, at, page):
     """Round 1 of a lane's step: ``(slot, tag)`` of ``v``'s child keyed by
     ``q[at:at+page]``, the home slot prefetched."""
@@ -151,7 +162,7 @@ def fetch_slot(table, v, q, at, page):
     return i, tag_of(h)
 
 
-@kernel
+@kernel_inner
 def fetch_entry(table, start, length, parent, slot, tag):
     """Round 2: ``(slot, entry)`` of the first entry from ``slot`` on
     carrying ``tag`` (or of the empty slot ending the run: the table alone
@@ -166,7 +177,7 @@ def fetch_entry(table, start, length, parent, slot, tag):
     return i, e
 
 
-@kernel
+@kernel_inner
 def fetch_span(tokens, start, length, c, rest):
     """Round 3: the tokens of ``c``'s span compared first (up to 64, a
     cache line per 8)."""
@@ -178,7 +189,7 @@ def fetch_span(tokens, start, length, c, rest):
         j += 8
 
 
-@kernel
+@kernel_inner
 def settle(exists, term, out_b, out_i, i, qn, v, c, k, pos):
     """Write query ``i``'s answer from its descent ``(v, c, k, pos)``."""
     if exists:
@@ -187,7 +198,7 @@ def settle(exists, term, out_b, out_i, i, qn, v, c, k, pos):
         out_i[i] = pos + k
 
 
-@kernel
+@kernel_inner
 def refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, term, out_b,
            out_i):
     """Give lane ``g`` the next query from ``nxt`` (queries shorter than a
@@ -212,7 +223,7 @@ def refill(lane, qs, qn, v, pos, g, offsets, flat, nxt, hi, root, page, exists, 
     return nxt
 
 
-@kernel_scratch
+@kernel_inner_alloc
 def descend_lanes(tokens, start, length, parent, term, table, root, flat, offsets, lo, hi, page,
                   exists, out_b, out_i):
     """Answer queries ``lo..hi`` of a CSR batch: ``exists`` (into ``out_b``)
@@ -274,7 +285,7 @@ def descend_lanes(tokens, start, length, parent, term, table, root, flat, offset
                     live -= 1
 
 
-@kernel
+@kernel_inner
 def descend_group(tokens, start, length, parent, table, root, flat, offsets, lo, m, page, rv,
                   rc, rk, rpos, walk, slot, entry, tag):
     """``descend`` of queries ``lo .. lo+m-1`` of a CSR batch (``m <= GROUP``),

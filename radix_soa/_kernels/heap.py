@@ -22,17 +22,19 @@ heap_push, heap_remove, heap_top (a stale top moved down first), rekey ->
 touch, touch_insert
 """
 
-from .config import kernel
+import numpy as np
+
+from .config import kernel, kernel_helper, kernel_inner
 from .layout import (CLOCK_BITS, M_HEAP_SIZE, M_POLICY, M_PRIORITY, MAX_HITS, P_FIFO, P_FILO,
                      P_LFU, P_LRU, P_MRU, P_PRIORITY, P_SLRU, PRIORITY_OFFSET, SLRU_PROTECTED)
 
 
-@kernel
+@kernel_helper
 def heap_less(hkey, a, b):
     return hkey[a] < hkey[b] or (hkey[a] == hkey[b] and a < b)
 
 
-@kernel
+@kernel_helper
 def heap_sift_up(heap, hpos, hkey, i):
     v = heap[i]
     while i > 0:
@@ -47,7 +49,7 @@ def heap_sift_up(heap, hpos, hkey, i):
     hpos[v] = i
 
 
-@kernel
+@kernel_helper
 def heap_sift_down(heap, hpos, hkey, size, i):
     v = heap[i]
     while True:
@@ -66,7 +68,7 @@ def heap_sift_down(heap, hpos, hkey, size, i):
     hpos[v] = i
 
 
-@kernel
+@kernel_helper
 def heap_push(heap, hpos, stamp, hkey, meta, v):
     i = meta[M_HEAP_SIZE]
     meta[M_HEAP_SIZE] = i + 1
@@ -76,9 +78,9 @@ def heap_push(heap, hpos, stamp, hkey, meta, v):
     heap_sift_up(heap, hpos, hkey, i)
 
 
-@kernel
+@kernel_helper
 def heap_remove(heap, hpos, hkey, meta, v):
-    i = hpos[v]
+    i = np.int64(hpos[v])  # int64 positions: one specialization of each sift
     hpos[v] = -1
     last = meta[M_HEAP_SIZE] - 1
     meta[M_HEAP_SIZE] = last
@@ -88,10 +90,10 @@ def heap_remove(heap, hpos, hkey, meta, v):
     heap[i] = u
     hpos[u] = i
     heap_sift_up(heap, hpos, hkey, i)
-    heap_sift_down(heap, hpos, hkey, last, hpos[u])
+    heap_sift_down(heap, hpos, hkey, last, np.int64(hpos[u]))
 
 
-@kernel
+@kernel_inner
 def heap_top(heap, hpos, stamp, hkey, meta):
     """The leaf to evict first (the heap must not be empty): the top, once
     every entry that rose to the top with a stale ``hkey`` has been moved
@@ -101,10 +103,10 @@ def heap_top(heap, hpos, stamp, hkey, meta):
         if hkey[x] == stamp[x]:
             return x
         hkey[x] = stamp[x]
-        heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], 0)
+        heap_sift_down(heap, hpos, hkey, meta[M_HEAP_SIZE], np.int64(0))
 
 
-@kernel
+@kernel_inner
 def key_on_access(meta, old, clock):
     """The key of a node a match (or an insert) passes at tick ``clock``."""
     p = meta[M_POLICY]
@@ -117,7 +119,7 @@ def key_on_access(meta, old, clock):
     return ((old >> CLOCK_BITS) << CLOCK_BITS) | clock  # lfu, priority, slru: keep the high part
 
 
-@kernel
+@kernel_inner
 def key_on_insert(meta, old, clock):
     """The key of an existing node an insert reaches: lfu counts a hit
     (slru too, up to its protected segment: its key is then ``(protected,
@@ -135,7 +137,7 @@ def key_on_insert(meta, old, clock):
     return key_on_access(meta, old, clock)
 
 
-@kernel
+@kernel_inner
 def key_on_create(meta, clock):
     """The key of a node an insert creates at tick ``clock``."""
     p = meta[M_POLICY]
@@ -148,12 +150,12 @@ def key_on_create(meta, clock):
     return clock
 
 
-@kernel
+@kernel_inner
 def rekey(heap, hpos, stamp, hkey, v, key):
     """Give ``v`` the key ``key``: a heap entry whose key falls moves up now;
     one whose key rises stays put (``heap_top`` moves it when it matters)."""
     stamp[v] = key
-    i = hpos[v]
+    i = np.int64(hpos[v])
     if i >= 0 and key < hkey[v]:
         hkey[v] = key
         heap_sift_up(heap, hpos, hkey, i)
@@ -165,7 +167,7 @@ def touch(heap, hpos, stamp, hkey, meta, v, clock):
     rekey(heap, hpos, stamp, hkey, v, key_on_access(meta, stamp[v], clock))
 
 
-@kernel
+@kernel_inner
 def touch_insert(heap, hpos, stamp, hkey, meta, v, clock):
     """An insert at tick ``clock`` reaches the existing node ``v``."""
     rekey(heap, hpos, stamp, hkey, v, key_on_insert(meta, stamp[v], clock))

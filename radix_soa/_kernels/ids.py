@@ -11,13 +11,13 @@ ids); sequence_of
 
 import numpy as np
 
-from .config import kernel, kernel_alloc, kernel_nogil
+from .config import kernel_alloc, kernel_inner, kernel_nogil
 from .descent import common
 from .layout import NO_NODE
 from .table import find_child, term_get
 
 
-@kernel
+@kernel_inner
 def ids_one(tokens, start, length, parent, term, table, root, q, qs, qn):
     """``(exact, prefix)`` of ``q[qs:qs+qn]``: the id of the stored sequence
     equal to it, and of the longest stored sequence that is a prefix of it

@@ -15,7 +15,7 @@ Call graph (callers after their callees): begin_at, checkpoint_at, finish_at
 req_abort
 """
 
-from .config import kernel
+from .config import kernel, kernel_inner
 from .descent import descend
 from .directory import tree_at
 from .heap import touch
@@ -48,7 +48,7 @@ def req_begin(D, like, root, known, q, page, out, count, capacity, reserve, evic
                     evict_out, st, ev)
 
 
-@kernel
+@kernel_inner
 def begin_at(T, root, known, q, page, out, count, capacity, reserve, evict_out, st, ev=None):
     """``req_begin`` on the tree ``T`` (``req_begin_batch`` calls it per request)."""
     meta = T[META]
@@ -114,7 +114,7 @@ def begin_at(T, root, known, q, page, out, count, capacity, reserve, evict_out, 
     return DONE
 
 
-@kernel
+@kernel_inner
 def _lock_held(T, st):
     """True unless the request's lock is gone: an ``unlock`` of its node
     from outside took it (and the node may since have been evicted)."""
@@ -122,7 +122,7 @@ def _lock_held(T, st):
                                 and T[OWN][st[R_NODE]] > 0)
 
 
-@kernel
+@kernel_inner
 def _check_request(T, st):
     """``DONE`` if ``st`` is an open request whose lock (if any) is held."""
     if st[R_PHASE] != OPEN or not _lock_held(T, st):
@@ -130,7 +130,7 @@ def _check_request(T, st):
     return DONE
 
 
-@kernel
+@kernel_inner
 def _top_lock(T, root, q, n, page, st):
     """The lock count at the top of the path a checkpoint's insert ends on
     (the top of the request's locked path, or of the first page's child)."""
@@ -145,7 +145,7 @@ def _top_lock(T, root, q, n, page, st):
     return T[LOCK][top] if top != NO_NODE else 0
 
 
-@kernel
+@kernel_inner
 def free_layout(st, n, nvals, finishing):
     """``(partial, end)`` of the slots a checkpoint or finish of ``n``
     whole-page tokens with ``nvals`` values hands back in its ``out``:
@@ -159,7 +159,7 @@ def free_layout(st, n, nvals, finishing):
     return partial, max(n - st[R_CACHED], 0) + partial
 
 
-@kernel
+@kernel_inner
 def _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, finishing, ev=None):
     """The insert of a checkpoint or finish, for an open request whose lock
     is held (else ``STALE``), its outcome recorded in ``st[R_LAST_*]``.
@@ -212,7 +212,7 @@ def req_checkpoint(D, like, root, ns, q, n, vals, page, cap, out, priority, st, 
     return checkpoint_at(tree_at(D, like), root, ns, q, n, vals, page, cap, out, priority, st, ev)
 
 
-@kernel
+@kernel_inner
 def checkpoint_at(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """``req_checkpoint`` on the tree ``T``."""
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, False, ev)
@@ -243,7 +243,7 @@ def req_finish(D, like, root, ns, q, n, vals, page, cap, out, priority, st, ev=N
     return finish_at(tree_at(D, like), root, ns, q, n, vals, page, cap, out, priority, st, ev)
 
 
-@kernel
+@kernel_inner
 def finish_at(T, root, ns, q, n, vals, page, cap, out, priority, st, ev=None):
     """``req_finish`` on the tree ``T``."""
     status = _cache_tokens(T, root, ns, q, n, vals, page, cap, out, priority, st, True, ev)

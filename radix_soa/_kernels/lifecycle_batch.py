@@ -28,7 +28,7 @@ step, all or nothing: _undo from a copy)
 import numpy as np
 from numba.extending import overload
 
-from .config import kernel
+from .config import kernel, kernel_inner
 from .descent import descend
 from .directory import HAS_DIRECTORY, tree_at
 from .layout import (CXOR, DONE, FULL, GEN, HEAP, HKEY, HPOS, LENGTH, LOCK, LOCK_LIMIT, META,
@@ -68,7 +68,7 @@ def _row_at(states, rows, i):
     return at
 
 
-@kernel
+@kernel_inner
 def _top_lock_of(T, root, q, page):
     """The lock count at the top of the path ``q``'s first page takes."""
     if q.shape[0] < page:
@@ -126,7 +126,7 @@ def req_begin_batch(D, like, root, known, flat, offsets, page, out, count, capac
     return DONE
 
 
-@kernel
+@kernel_inner
 def _keep(states, rows, live, saved, ev):
     """Before a run on an ``UNSURE`` batch (not ``live``): the request
     states to ``saved``; returns the event log's write position."""
@@ -140,7 +140,7 @@ def _keep(states, rows, live, saved, ev):
     return 0
 
 
-@kernel
+@kernel_inner
 def _put(a, b):
     for i in range(a.shape[0]):
         a[i] = b[i]
@@ -176,7 +176,7 @@ def _undo(T, B, states, rows, saved, ev, mark):
         ev[0][0] = mark
 
 
-@kernel
+@kernel_inner
 def _prefix_holds(T, q, st):
     """``(holds, top)``: True if ``q`` starts with the tokens of the
     request's locked path (what its insert checks: it passes through the
@@ -285,7 +285,7 @@ def req_cache_batch(D, like, roots, nss, flat, offsets, ns_, vflat, voffsets, pa
     return DONE
 
 
-@kernel
+@kernel_inner
 def _pack(out, seg, res, evout, evres, states, rows, finishing, has_values):
     """Move each request's slots to the front of ``out`` (a checkpoint's:
     duplicates, then evicted; a finish's ``free``: duplicates, then the

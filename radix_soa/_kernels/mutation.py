@@ -15,7 +15,7 @@ merge_room, merge_into_child -> remove_one
 
 import numpy as np
 
-from .config import kernel, kernel_alloc
+from .config import kernel, kernel_alloc, kernel_helper, kernel_inner
 from .descent import GROUP, descend, descend_group
 from .directory import tree_at
 from .heap import heap_push, heap_remove, key_on_create, key_on_insert, touch_insert
@@ -29,7 +29,7 @@ from .table import (retarget, has_room, need_room, table_delete_slot, table_put,
 
 # ---------------------------------------------------------------- node ids
 
-@kernel
+@kernel_inner
 def alloc_node(start, meta):
     f = meta[M_FREE_HEAD]
     if f != NO_NODE:
@@ -41,7 +41,7 @@ def alloc_node(start, meta):
     return v
 
 
-@kernel
+@kernel_inner
 def free_node(T, v, track):
     meta = T[META]
     T[LENGTH][v] = FREE
@@ -59,7 +59,7 @@ def free_node(T, v, track):
         T[HPOS][v] = -1
 
 
-@kernel
+@kernel_inner
 def make_root(T, track, ns):
     """Allocate a root (no span, no parent) for namespace number ``ns``,
     which it keeps in its ``start`` (a root has no span): the namespace of
@@ -91,7 +91,7 @@ def new_root(T, track, ns):
 
 # ---------------------------------------------------------------- insert
 
-@kernel
+@kernel_helper
 def copy_run(dst, d, src, s, n):
     """``dst[d:d+n] = src[s:s+n]`` (non-overlapping, any int dtypes)."""
     dv = dst[d:d + n]
@@ -100,7 +100,7 @@ def copy_run(dst, d, src, s, n):
         dv[j] = sv[j]
 
 
-@kernel
+@kernel_inner
 def split(T, c, k, page, track):
     """Cut node ``c`` after ``k`` tokens; returns the new upper part's id."""
     tokens, start, length, parent, table = T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE]
@@ -131,7 +131,7 @@ def split(T, c, k, page, track):
     return u
 
 
-@kernel
+@kernel_inner
 def new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     """Append ``q[qs:qs+n]`` (values ``vals[vs:vs+n]``) as a new child of ``v``."""
     start, nchild, meta = T[START], T[NCHILD], T[META]
@@ -166,7 +166,7 @@ def new_leaf(T, v, q, qs, n, vals, vs, page, track, clock):
     return x
 
 
-@kernel
+@kernel_inner
 def extend(T, root, v, c, k, pos, q, qs, qn, vals, vs, page, track, clock):
     """Finish an insert of ``q[qs:qs+qn]`` whose descent gave ``(v, c, k, pos)``:
     refresh the matched path, split ``c`` after ``k`` tokens if the match
@@ -188,7 +188,7 @@ def extend(T, root, v, c, k, pos, q, qs, qn, vals, vs, page, track, clock):
     return v
 
 
-@kernel
+@kernel_inner
 def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     """Insert ``q[qs:qs+qn]`` (``qn`` a multiple of ``page``); needs room for
     ``qn`` tokens and 2 nodes. Returns ``(node, cached)``: the node the
@@ -199,7 +199,7 @@ def insert_one(T, root, q, qs, qn, vals, vs, page, track, clock):
     return node, pos + k
 
 
-@kernel
+@kernel_inner
 def set_terminal(term, meta, v):
     """Mark ``v`` terminal; True if it was not already."""
     if term_get(term, v) == 1:
@@ -303,7 +303,7 @@ def unlink(T, x, page, track):
     free_node(T, x, track)
 
 
-@kernel
+@kernel_inner
 def merge_room(start, length, p, c):
     """Buffer room merging ``p`` into its only child ``c`` needs."""
     if start[p] + length[p] == start[c]:
@@ -311,7 +311,7 @@ def merge_room(start, length, p, c):
     return length[p] + length[c]
 
 
-@kernel
+@kernel_inner
 def merge_into_child(T, p, c, page, track):
     """Merge node ``p`` into its only child ``c``; ``c`` keeps its id."""
     tokens, start, length, parent, table = T[TOKENS], T[START], T[LENGTH], T[PARENT], T[TABLE]

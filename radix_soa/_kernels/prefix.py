@@ -16,7 +16,7 @@ pc_evict_one
 """
 
 from .chain import log_removed, log_stored
-from .config import kernel
+from .config import kernel, kernel_helper, kernel_inner
 from .descent import descend
 from .directory import tree_at
 from .heap import heap_push, heap_remove, heap_sift_down, heap_top, touch
@@ -29,7 +29,7 @@ from .mutation import copy_run, extend, free_node, make_root, split, unlink
 from .table import has_room, need_room
 
 
-@kernel
+@kernel_inner
 def pc_match(T, root, q, qs, qn, page, clock):
     """Longest cached whole-page prefix of ``q[qs:qs+qn]``. Splits the node
     the match ends inside of, so the returned node ends exactly at the match;
@@ -47,7 +47,7 @@ def pc_match(T, root, q, qs, qn, page, clock):
     return pos, v
 
 
-@kernel
+@kernel_inner
 def path_values(start, length, parent, values, node, total, out):
     """Values of the tokens on the path root..node (``total`` of them) into
     ``out`` in token order."""
@@ -122,7 +122,7 @@ def pc_match_batch(T, ns, flat, offsets, page, cursor, out, vout, nodes):
     return DONE
 
 
-@kernel
+@kernel_inner
 def path_unlocked(T, root, node):
     """Tokens on the path root..node that no lock protects now."""
     lock, length, parent = T[LOCK], T[LENGTH], T[PARENT]
@@ -135,7 +135,7 @@ def path_unlocked(T, root, node):
     return unlocked
 
 
-@kernel
+@kernel_helper
 def room_needed(T, new, unlocked, page, cap):
     """The capacity rule of adding ``new`` tokens while the path holding
     ``unlocked`` unlocked tokens is kept: 0 when it fits, the tokens to evict
@@ -150,7 +150,7 @@ def room_needed(T, new, unlocked, page, cap):
     return -(-over // page) * page
 
 
-@kernel
+@kernel_inner
 def evict_keeping(T, root, protect, need, page, out, ev=None):
     """Evict ``need`` tokens while the path root..``protect`` is held locked
     (freed values to ``out``); returns the tokens freed."""
@@ -163,7 +163,7 @@ def evict_keeping(T, root, protect, need, page, out, ev=None):
     return freed
 
 
-@kernel
+@kernel_inner
 def insert_capped(T, root, q, qs, n, vals, vs, page, cap, out, min_cached=0, through=-1,
                   ev=None):
     """Insert ``q[qs:qs+n]`` (``n`` whole pages; values ``vals[vs:]``) under
@@ -218,7 +218,7 @@ def pc_insert_one(D, like, root, ns, q, n, vals, page, cap, out, priority, ev=No
                                   priority, 0, NO_NODE, ev)
 
 
-@kernel
+@kernel_inner
 def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, min_cached=0,
                            through=-1, ev=None):
     """``_insert_one`` with ``priority`` held in meta for the call only (the
@@ -229,7 +229,7 @@ def insert_one_at_priority(T, root, ns, q, n, vals, page, cap, out, priority, mi
     return result
 
 
-@kernel
+@kernel_inner
 def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, through=-1, ev=None):
     if root < 0:
         if cap >= 0 and room_needed(T, n, 0, page, cap) < 0:
@@ -245,7 +245,7 @@ def _insert_one(T, root, ns, q, n, vals, page, cap, out, min_cached=0, through=-
     return DONE, cached, node, T[GEN][node], freed
 
 
-@kernel
+@kernel_inner
 def count_insert(meta, handed, new, freed):
     """The statistics of one insert: ``handed`` tokens given, ``new`` of
     them added, ``freed`` evicted to make room."""
@@ -254,7 +254,7 @@ def count_insert(meta, handed, new, freed):
     meta[M_EVICTED_TOKENS] += freed
 
 
-@kernel
+@kernel_inner
 def pc_lock(T, node, delta):
     """Take (``delta=1``) or release (``delta=-1``) a lock on ``node``: its own
     count and the subtree count of it and every ancestor change, keeping the
@@ -296,7 +296,7 @@ def pc_insert_batch(D, like, root, flat, offsets, vflat, page, cap, cursor, cach
     return status
 
 
-@kernel
+@kernel_inner
 def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out, ev=None):
     meta = T[META]
     while cursor[0] < offsets.shape[0] - 1:
@@ -318,7 +318,7 @@ def _insert_batch(T, root, flat, offsets, vflat, page, cap, cursor, cached, out,
     return DONE
 
 
-@kernel
+@kernel_inner
 def handle_live(T, v, gen):
     """True if ``(v, gen)`` names a live node of ``T``."""
     return 0 <= v < T[META][M_NODE_END] and T[LENGTH][v] >= 0 and T[GEN][v] == gen
@@ -384,14 +384,14 @@ def drop_subtree(D, like, root, order, page, out, keep_root, ev=None):
     return done
 
 
-@kernel
+@kernel_inner
 def lock_fits(T, v):
     """True if one more user lock on non-root node ``v`` keeps every count
     within ``LOCK_LIMIT`` (a subtree count is largest at the path's top)."""
     return T[LOCK][path_top(T[PARENT], v)] < LOCK_LIMIT and T[OWN][v] < LOCK_LIMIT
 
 
-@kernel
+@kernel_inner
 def on_path(parent, root, v, node):
     """True if ``node`` lies on the path ``root``..``v`` (``v`` included)."""
     w = v
@@ -400,7 +400,7 @@ def on_path(parent, root, v, node):
     return w == node
 
 
-@kernel
+@kernel_inner
 def path_top(parent, v):
     """The node of the path root..``v`` just below the root (``v`` non-root)."""
     w = v
@@ -433,7 +433,7 @@ def lock_handle(D, like, v, gen, delta):
     return DONE, abs(meta[M_LOCKED_TOKENS] - before)
 
 
-@kernel
+@kernel_inner
 def pc_evict(T, n, page, out, ev=None):
     """Free ``n`` tokens (a multiple of ``page``) from the tails of the least
     recently used unlocked leaves; a parent left childless and unlocked

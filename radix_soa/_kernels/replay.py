@@ -14,7 +14,7 @@ host_store (insert_capped); request_of -> replay_run (pc_match, room_needed,
 pc_lock, heap_top, pc_evict, extend)
 """
 
-from .config import kernel, kernel_nogil
+from .config import kernel, kernel_inner, kernel_nogil
 from .descent import common, match_one
 from .heap import heap_top
 from .layout import (DONE, HEAP, HKEY, HPOS, LENGTH, META, M_CLOCK, M_TOKENS, PARENT, STAMP, START,
@@ -50,7 +50,7 @@ P_MAX_LEN = 6   # longest request (room checks)
 PARAMS_SIZE = 8
 
 
-@kernel
+@kernel_inner
 def lex_less(flat, offsets, ns, a, b):
     """Request ``a`` before ``b`` in (namespace, tokens) lexicographic order."""
     if ns[a] != ns[b]:
@@ -96,7 +96,7 @@ def dfs_order(flat, offsets, ns, window, order):
                 b -= 1
 
 
-@kernel
+@kernel_inner
 def lpm_pick(Td, roots, flat, offsets, win, state, window, page):
     """Fill the window with the oldest waiting requests, then take out the
     one whose prefix the device cache holds longest (oldest on ties)."""
@@ -124,7 +124,7 @@ def lpm_pick(Td, roots, flat, offsets, win, state, window, page):
     return best
 
 
-@kernel
+@kernel_inner
 def host_store(Th, root, flat, qs, n, page, hcap):
     """Insert ``flat[qs:qs+n]`` into the host tier like ``PrefixCache.insert``
     (LRU eviction under ``hcap``, skipped when it cannot fit). The caller has
@@ -135,7 +135,7 @@ def host_store(Th, root, flat, qs, n, page, hcap):
     return 0 if status != DONE else n - cached
 
 
-@kernel
+@kernel_inner
 def request_of(offsets, pos):
     """Index of the request whose tokens hold flat position ``pos``."""
     lo = 0

@@ -25,7 +25,7 @@ in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
 import numpy as np
 
 from .chain import page_hash
-from .config import kernel, kernel_nogil
+from .config import kernel, kernel_inner, kernel_nogil
 from .prefetch import prefetch
 from .table import mix64
 
@@ -52,7 +52,7 @@ P_ABSENT = 1     # held by no worker (never stored, or forgotten)
 P_OTHERS = 2     # held by other workers only
 
 
-@kernel
+@kernel_inner
 def rx_find(table, keys, h):
     """The live node of hash ``h``, or -1 (the table holds live nodes only)."""
     mask = table.shape[0] - 1
@@ -66,7 +66,7 @@ def rx_find(table, keys, h):
         i = (i + 1) & mask
 
 
-@kernel
+@kernel_inner
 def _table_delete(table, keys, v):
     """Remove node ``v`` from the table (backward-shift deletion)."""
     mask = table.shape[0] - 1
@@ -102,12 +102,12 @@ def rx_table_rebuild(table, keys, flags, end):
             table[i] = v
 
 
-@kernel
+@kernel_inner
 def _held(masks, v, word, bit):
     return (masks[v, word] & bit) != 0
 
 
-@kernel
+@kernel_inner
 def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp):
     """Give worker ``(word, bit)`` page ``h`` (after page ``before`` if
     ``hasp``), making its node if it is not there; the node."""
@@ -134,7 +134,7 @@ def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp)
     return v
 
 
-@kernel
+@kernel_inner
 def _tick(stamps):
     """The budget's clock, advanced a ``TICK`` (0 without a budget)."""
     if stamps.shape[0] == 0:
@@ -158,7 +158,7 @@ def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, h
             stamps[v] = clock - min(i, TICK - 1)
 
 
-@kernel
+@kernel_inner
 def _seen_add(seen, h):
     """Put ``h`` in the scratch set ``seen`` (open addressing, 0 empty);
     True if it was there already."""
@@ -175,7 +175,7 @@ def _seen_add(seen, h):
         i = (i + 1) & mask
 
 
-@kernel
+@kernel_inner
 def _seen_clear(seen, hashes):
     """Empty ``seen`` of ``hashes`` again: the run of slots from each one's
     home to the first empty slot (it holds the hash, whatever was emptied
@@ -291,7 +291,7 @@ def rx_forget(table, keys, flags, masks, meta, victims, forgot):
         _release(table, keys, flags, masks, meta, v)
 
 
-@kernel
+@kernel_inner
 def _release(table, keys, flags, masks, meta, v):
     """Free node ``v`` if no worker holds it any more."""
     for w in range(masks.shape[1]):
@@ -341,7 +341,7 @@ def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys, stamps):
     overlap_at(table, keys, masks, q, 0, q.shape[0], page, seed, live, res, hkeys, stamps)
 
 
-@kernel
+@kernel_inner
 def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stamps):
     """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
     it holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of
@@ -409,7 +409,7 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stam
         _set_bits(res, w, alive[w], i * page)
 
 
-@kernel
+@kernel_inner
 def _set_bits(res, w, bits, value):
     if bits != 0:
         for j in range(64):

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import wire
 from .chain import page_hash
-from .config import kernel
+from .config import kernel, kernel_inner
 from .router import C_OK, P_HELD, _add_one, rx_classify, rx_drop
 from .table import mix64
 
@@ -54,12 +54,12 @@ def token_keys(tokens, ts, page, prev, extras, out):
         out[i] = prev
 
 
-@kernel
+@kernel_inner
 def _stored(e):
     return ZERO if e == 0 else e
 
 
-@kernel
+@kernel_inner
 def hx_slot(hk, e):
     """The slot of engine hash ``e`` (stored form), or of the empty slot
     where it would go."""
@@ -101,7 +101,7 @@ def hx_keys(hk, hv, es, out, had):
             had[j] = 0
 
 
-@kernel
+@kernel_inner
 def hx_put(hk, hv, e, v):
     """Map engine hash ``e`` to key ``v`` (none needed when equal: any
     entry of ``e`` is dropped); +1 for an entry added, -1 for one dropped,
@@ -126,7 +126,7 @@ def hx_put_all(hk, hv, es, vs):
     return n
 
 
-@kernel
+@kernel_inner
 def hx_del(hk, hv, e):
     """Drop the entry of engine hash ``e``, if any (backward-shift
     deletion); 1 if there was one."""

@@ -22,7 +22,7 @@ table_rebuild; term bitmap; has_room, need_room
 
 import numpy as np
 
-from .config import kernel
+from .config import kernel, kernel_helper, kernel_inner
 from .layout import (EMPTY, ENTRY_NODE_MASK, ENTRY_TAG_MASK, LOAD_DEN, LOAD_NUM, META,
                      M_NEED_NODES, M_NEED_TOKENS, M_NODE_END, M_NODES, M_FREE_COUNT, M_TOK_USED,
                      NO_NODE, ROOM, START, TABLE, TOKENS)
@@ -43,7 +43,7 @@ def mix64(x):
     return x
 
 
-@kernel
+@kernel_helper
 def key_hash(p, arr, pos, page):
     """Hash of the child key (parent id ``p``, ``arr[pos:pos+page]``)."""
     h = mix64(np.uint64(np.int64(p)) + np.uint64(0x9E3779B97F4A7C15))
@@ -52,39 +52,39 @@ def key_hash(p, arr, pos, page):
     return h
 
 
-@kernel
+@kernel_helper
 def home_slot(table, h):
     return np.int64(h & np.uint64(table.shape[0] - 1))
 
 
-@kernel
+@kernel_helper
 def tag_of(h):
     """The upper half of the entries a key hash ``h`` places: its high 32
     bits, as an int64 with the node id bits zero."""
     return np.int64(h & np.uint64(0xFFFFFFFF00000000))
 
 
-@kernel
+@kernel_helper
 def entry_of(h, c):
     """The table entry of node ``c`` (>= 0) placed by key hash ``h``."""
     return tag_of(h) | np.int64(c)
 
 
-@kernel
+@kernel_helper
 def retarget(e, c):
     """Entry ``e``'s key for node ``c`` (a split's upper part, or a merged
     child, takes over a key as it is)."""
     return (e & ENTRY_TAG_MASK) | np.int64(c)
 
 
-@kernel
+@kernel_helper
 def child_tagged(e, tag):
     """The node entry ``e`` holds if ``e`` carries ``tag``, else -1: a
     candidate child, to be checked by ``is_child``."""
     return e & ENTRY_NODE_MASK if e != EMPTY and (e & ENTRY_TAG_MASK) == tag else NO_NODE
 
 
-@kernel
+@kernel_inner
 def is_child(tokens, start, parent, c, p, q, pos, page):
     """True if node ``c`` hangs off ``p`` and its first page is
     ``q[pos:pos+page]``."""
@@ -97,7 +97,7 @@ def is_child(tokens, start, parent, c, p, q, pos, page):
     return True
 
 
-@kernel
+@kernel_inner
 def find_child(table, tokens, start, parent, p, q, pos, page):
     """Child of ``p`` whose first page equals ``q[pos:pos+page]``, or -1."""
     h = key_hash(p, q, pos, page)
@@ -105,7 +105,7 @@ def find_child(table, tokens, start, parent, p, q, pos, page):
     return probe_on(table, tokens, start, parent, i, table[i], p, tag_of(h), q, pos, page)
 
 
-@kernel
+@kernel_inner
 def tag_scan(table, i, e, tag):
     """From slot ``i`` (entry ``e`` read already): the first slot of the
     probe run holding ``tag``, or the empty slot that ends the run. Reads
@@ -117,7 +117,7 @@ def tag_scan(table, i, e, tag):
     return i
 
 
-@kernel
+@kernel_inner
 def probe_on(table, tokens, start, parent, i, e, p, tag, q, pos, page):
     """``find_child``'s probe from slot ``i``, whose entry ``e`` was read
     already (the batch walkers read it a round ahead, to prefetch)."""
@@ -132,13 +132,13 @@ def probe_on(table, tokens, start, parent, i, e, p, tag, q, pos, page):
     return NO_NODE
 
 
-@kernel
+@kernel_helper
 def node_hash(tokens, start, parent, c, page):
     """The key hash node ``c`` is placed by."""
     return key_hash(parent[c], tokens, start[c], page)
 
 
-@kernel
+@kernel_inner
 def table_put(table, tokens, start, parent, c, page):
     mask = table.shape[0] - 1
     h = node_hash(tokens, start, parent, c, page)
@@ -148,7 +148,7 @@ def table_put(table, tokens, start, parent, c, page):
     table[i] = entry_of(h, c)
 
 
-@kernel
+@kernel_helper
 def table_slot(table, tokens, start, parent, c, page):
     """Slot holding node ``c`` (which must be in the table)."""
     mask = table.shape[0] - 1
@@ -160,7 +160,7 @@ def table_slot(table, tokens, start, parent, c, page):
     return i
 
 
-@kernel
+@kernel_inner
 def table_delete_slot(table, tokens, start, parent, i, page):
     """Empty slot ``i`` and shift later entries of its probe run back (each
     entry's home from its node: the node arrays must still hold the key it
@@ -213,19 +213,19 @@ def term_get(term, v):
     return (term[v >> 3] >> (v & 7)) & 1
 
 
-@kernel
+@kernel_helper
 def term_set(term, v):
     term[v >> 3] |= np.uint8(1 << (v & 7))
 
 
-@kernel
+@kernel_helper
 def term_clear(term, v):
     term[v >> 3] &= np.uint8(~(1 << (v & 7)) & 0xFF)
 
 
 # ---------------------------------------------------------------- room
 
-@kernel
+@kernel_helper
 def has_room(T, n_tokens, n_nodes):
     """True if ``n_tokens`` buffer tokens, ``n_nodes`` node ids and their
     table entries fit without growing."""
@@ -237,7 +237,7 @@ def has_room(T, n_tokens, n_nodes):
     return table_fits(meta[M_NODES] + n_nodes, T[TABLE].shape[0])
 
 
-@kernel
+@kernel_helper
 def need_room(T, n_tokens, n_nodes):
     """Record what a call needs and return ``ROOM``."""
     meta = T[META]

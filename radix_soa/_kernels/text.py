@@ -6,10 +6,10 @@ Call graph (callers after their callees): skip_space -> int_list (a JSON
 array of integers: the router service's tokens)
 """
 
-from .config import kernel
+from .config import kernel, kernel_inner
 
 
-@kernel
+@kernel_inner
 def skip_space(buf, i, n):
     while i < n and (buf[i] == 32 or buf[i] == 10 or buf[i] == 13 or buf[i] == 9):
         i += 1

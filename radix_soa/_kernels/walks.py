@@ -10,13 +10,13 @@ sorted_children, dfs_terminals -> collect_sequences
 
 import numpy as np
 
-from .config import kernel_alloc
+from .config import kernel_alloc, kernel_inner_alloc
 from .layout import LENGTH, META, M_NODE_END, PARENT, START, TOKENS, VALUES
 from .mutation import copy_run
 from .table import term_get
 
 
-@kernel_alloc
+@kernel_inner_alloc
 def children_csr(length, parent, node_end):
     """Children of every node as CSR: ``order[offsets[v]:offsets[v+1]]``
     (int64 offsets, int32 ids)."""
@@ -70,7 +70,7 @@ def compact_spans(T, new_start, new_tokens, new_values):
     return pos
 
 
-@kernel_alloc
+@kernel_inner_alloc
 def sorted_children(tokens, start, length, parent, node_end):
     """Children CSR with each child list sorted by first token."""
     offsets, order = children_csr(length, parent, node_end)
@@ -88,7 +88,7 @@ def sorted_children(tokens, start, length, parent, node_end):
     return offsets, order
 
 
-@kernel_alloc
+@kernel_inner_alloc
 def dfs_terminals(tokens, start, length, term, root, offsets, order, flat, out_off, fill):
     """Depth-first walk under ``root``. Returns (sequences, total tokens) of
     the terminal paths; with ``fill`` it also writes them as CSR."""

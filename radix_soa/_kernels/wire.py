@@ -25,7 +25,7 @@ _hash -> _field -> _event -> read_batch
 
 import numpy as np
 
-from .config import kernel
+from .config import kernel, kernel_helper, kernel_inner
 
 # ev's columns
 E_KIND, E_H0, E_HN, E_PARENT, E_HASP, E_T0, E_TN, E_BS = 0, 1, 2, 3, 4, 5, 6, 7
@@ -70,7 +70,7 @@ STORED_ORDER = (N_HASHES, N_PARENT, N_TOKENS, N_BS, N_LORA_ID, N_MEDIUM, N_LORA_
 REMOVED_ORDER = (N_HASHES, N_MEDIUM, N_GROUP)
 
 
-@kernel
+@kernel_inner
 def _fnv(buf, s, n):
     h = _FNV_OFFSET
     for i in range(s, s + n):
@@ -78,7 +78,7 @@ def _fnv(buf, s, n):
     return h
 
 
-@kernel
+@kernel_inner
 def _be(buf, s, n):
     """The big-endian unsigned int of ``buf[s:s+n]`` (n <= 8)."""
     v = np.uint64(0)
@@ -87,7 +87,7 @@ def _be(buf, s, n):
     return v
 
 
-@kernel
+@kernel_helper
 def _fail(err, code, pos, i):
     if err[0] == W_OK:
         err[0] = code
@@ -96,7 +96,7 @@ def _fail(err, code, pos, i):
     return -1
 
 
-@kernel
+@kernel_helper
 def _need(buf, p, n, err, i):
     """``p`` if ``n`` bytes are there from ``p``, else -1 (truncated)."""
     if p < 0 or p + n > buf.shape[0]:
@@ -104,7 +104,7 @@ def _need(buf, p, n, err, i):
     return p
 
 
-@kernel
+@kernel_inner
 def _int(buf, p, err, i, code):
     """``(value as uint64 bits, signed?, next)`` of the int at ``p``
     (next -1 if it is not one: error ``code``)."""
@@ -145,7 +145,7 @@ def _signed(buf, p, err, i, code):
     return np.int64(v), q
 
 
-@kernel
+@kernel_inner
 def _span(buf, p, err, i, code, binary):
     """``(start, length, next)`` of the str (``binary``: bin) at ``p``."""
     if _need(buf, p, 1, err, i) < 0:
@@ -166,7 +166,7 @@ def _span(buf, p, err, i, code, binary):
     return p + h, n, p + h + n
 
 
-@kernel
+@kernel_inner
 def _container(buf, p, err, i, code, is_map):
     """``(items, next)`` of the array (``is_map``: map) head at ``p``."""
     if _need(buf, p, 1, err, i) < 0:
@@ -184,19 +184,19 @@ def _container(buf, p, err, i, code, is_map):
     return 0, -1
 
 
-@kernel
+@kernel_inner
 def _is_map(buf, p):
     b = buf[p]
     return (0x80 <= b <= 0x8F) or b == 0xDE or b == 0xDF
 
 
-@kernel
+@kernel_inner
 def _is_array(buf, p):
     b = buf[p]
     return (0x90 <= b <= 0x9F) or b == 0xDC or b == 0xDD
 
 
-@kernel
+@kernel_inner
 def _skip(buf, p, err, i):
     """The position past the object at ``p`` (any msgpack), or -1."""
     left = 1
@@ -262,7 +262,7 @@ def _hash(buf, p, err, i):
     return v, q
 
 
-@kernel
+@kernel_inner
 def _field(buf, p, name, row, hashes, tokens, counts, fill, err, i):
     """Read the value at ``p`` of field ``name`` into ``row``; the next position."""
     nil = buf[p] == 0xC0 if p < buf.shape[0] else False

@@ -182,8 +182,14 @@ class TreeStorage:
         arrays.update({name: allocate(tn, dt) for name, dt in TRACK_DTYPES.items()})
         arrays["hpos"][:] = -1
         arrays["meta"][L.M_FREE_HEAD] = L.NO_NODE
+        # node 0 the root of namespace 0, as the ``new_root`` kernel makes it
+        # on these zeroed arrays (written here: the kernel's first compile,
+        # about 0.5 s, is not worth one constructor)
+        arrays["parent"][0] = -1
+        arrays["meta"][L.M_NODE_END] = 1
+        arrays["meta"][L.M_ROOTS] = 1
         self._publish(Tree(**arrays))
-        self.root = self.new_root()
+        self.root = 0
 
     @classmethod
     def from_tree(cls, tree, *, dtype, values, track, page_size, root, readonly):
