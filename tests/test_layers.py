@@ -3,10 +3,12 @@ down its table), kernels in modules of one job each, and the kernel options."""
 
 import ast
 import importlib
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -405,6 +407,27 @@ def test_an_internal_callee_has_no_wrappers_and_runs_from_python_through_a_tramp
         cres = dispatcher.overloads[dispatcher.signatures[0]]
         return cres.fndesc.llvm_cpython_wrapper_name in cres.library.get_llvm_str()
     assert has_cpython_wrapper(plain) and not has_cpython_wrapper(twice)
+
+
+def test_internal_callees_fall_back_to_plain_kernels_without_numbas_private_pieces():
+    options = {k: v for k, v in config.kernel_options().items() if k != "cache"}
+    plain = config.inner(options, supported=False)(lambda a, i: a[i] * 2)
+    assert type(plain) is type(njit(lambda: 0)) and not isinstance(plain, config.inner.dispatcher_type)
+    assert njit(**options)(lambda a, i: plain(a, i) + 1)(np.arange(5), 2) == 5
+    assert plain(np.arange(5), 4) == 8  # its own CPython wrapper
+    assert config.HAS_INNER == config.inner_supported()
+    # the switch, and the whole product on plain kernels (a fresh cache: none
+    # of the wrapper-less code is loaded)
+    code = ("import numpy as np, radix_soa as rs; from radix_soa._kernels import config, table\n"
+            "assert not config.HAS_INNER and type(table.key_hash).__name__ == 'CPUDispatcher'\n"
+            "rc = rs.RadixCache(); rc.insert([1, 2, 3, 4]); rc.insert([1, 2, 9])\n"
+            "print(rc.exists([1, 2, 9]), rc.exists([1, 2]), rc.match_length([1, 2, 3, 7]))")
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "RADIX_SOA_PLAIN_KERNELS": "1", "NUMBA_CACHE_DIR": cache}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False", "3"]
 
 
 def test_a_helper_compiles_once_for_literal_and_narrow_int_arguments():

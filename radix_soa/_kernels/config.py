@@ -35,6 +35,7 @@ kernel_alloc, kernel_parallel, kernel_nogil, kernel_scratch, kernel_inner,
 kernel_inner_alloc, kernel_helper)
 """
 
+import os
 from typing import Any
 
 from numba import config as numba_config
@@ -120,11 +121,31 @@ def _helper_dispatcher_type(base):
     return HelperDispatcher
 
 
-def inner(options, plain=False):
+def inner_supported():
+    """True if this Numba has the private pieces ``inner`` builds on: the
+    ``no_cpython_wrapper``/``no_cfunc_wrapper`` target options and a
+    ``CPUDispatcher`` with ``get_call_template`` and ``enable_caching``.
+    Without them (or with ``RADIX_SOA_PLAIN_KERNELS=1``) internal callees are
+    plain ``njit`` dispatchers: the same machine code, more compile time."""
+    if os.environ.get("RADIX_SOA_PLAIN_KERNELS", "") not in ("", "0"):
+        return False
+    try:
+        from numba.core.cpu import CPUTargetOptions
+    except ImportError:
+        return False
+    base = getattr(registry, "CPUDispatcher", None)
+    return (all(getattr(CPUTargetOptions, k, None) is not None for k in _NO_WRAPPERS)
+            and base is not None and callable(getattr(base, "get_call_template", None))
+            and callable(getattr(base, "enable_caching", None)))
+
+
+def inner(options, plain=False, supported=None):
     """A decorator for internal callees with Numba ``options`` (``plain``:
-    typed on plain argument types, as ``kernel_helper``)."""
+    typed on plain argument types, as ``kernel_helper``; ``supported``:
+    ``inner_supported()`` unless given)."""
     def decorate(func):
-        if numba_config.DISABLE_JIT:
+        ok = HAS_INNER if supported is None else supported
+        if numba_config.DISABLE_JIT or not ok:
             return njit(**options)(func)
         targetoptions = {k: v for k, v in options.items() if k != "cache"}
         targetoptions.update(_NO_WRAPPERS)
@@ -136,6 +157,7 @@ def inner(options, plain=False):
     return decorate
 
 
+HAS_INNER = inner_supported()
 inner.dispatcher_type = _inner_dispatcher_type()  # type: ignore[attr-defined]
 inner.helper_type = _helper_dispatcher_type(inner.dispatcher_type)  # type: ignore[attr-defined]
 kernel_inner: Any = inner(kernel_options())
