@@ -126,7 +126,9 @@ def inner_supported():
     ``no_cpython_wrapper``/``no_cfunc_wrapper`` target options and a
     ``CPUDispatcher`` with ``get_call_template`` and ``enable_caching``.
     Without them (or with ``RADIX_SOA_PLAIN_KERNELS=1``) internal callees are
-    plain ``njit`` dispatchers: the same machine code, more compile time."""
+    plain ``njit`` dispatchers: the same machine code, more compile time.
+    (Set it with a ``NUMBA_CACHE_DIR`` of its own: Numba's cache does not
+    key a compile by its wrappers.)"""
     if os.environ.get("RADIX_SOA_PLAIN_KERNELS", "") not in ("", "0"):
         return False
     try:
