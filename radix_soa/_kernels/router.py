@@ -4,17 +4,22 @@ workers holding it as a bitmask row (64 workers a word).
 
 Arrays (allocated and grown by the class): ``keys`` uint64 per node (its
 page hash; for a free node, the next free id), ``pkeys`` uint64 (the hash of
-the page before it), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
+the page before it; empty when pages are keyed by their tokens, where a
+key already names its parent), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
 a parent), ``masks`` int64 ``[node, word]`` (bit ``c % 64`` of word
 ``c // 64``: worker column ``c`` holds the page), ``table`` int32
 open-addressing slots keyed by the hash itself (already mixed), -1 empty,
-``meta`` int64 (``X_*`` slots), ``stamps`` int64 (a budgeted index only,
+``meta`` int64 (``X_*`` slots), ``etable``/``ehash`` (empty, or once
+an engine names pages by its own hashes: ``ehash`` uint64 per node, the
+engine hash of the node's first holder, and ``etable`` int32 slots keyed by
+``mix64`` of it, as ``table``; see ``router_keys``), ``stamps`` int64 (a budgeted index only,
 else empty): per node the tick a query last walked it or a store last
 touched it, the clock in the last element. Mutation kernels assume the
 class made room first (``X_LIVE`` + the new nodes within the arrays, the
 table under the load limit).
 
-Call graph (callers after their callees): rx_find; rx_classify (an event's
+Call graph (callers after their callees): rx_find, _etable_put,
+_etable_delete; rx_classify (an event's
 pages: to add, held, unknown ...); _add_one -> rx_add; rx_store
 (rx_classify, _add_one), rx_remove (rx_classify, rx_drop): the common event
 in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
@@ -103,14 +108,57 @@ def rx_table_rebuild(table, keys, flags, end):
 
 
 @kernel
+def _etable_put(etable, ehash, v):
+    mask = etable.shape[0] - 1
+    j = np.int64(mix64(ehash[v]) & np.uint64(mask))
+    while etable[j] >= 0:
+        j = (j + 1) & mask
+    etable[j] = v
+
+
+@kernel
+def _etable_delete(etable, ehash, v):
+    """Remove node ``v`` from ``etable`` (backward-shift deletion)."""
+    mask = etable.shape[0] - 1
+    i = np.int64(mix64(ehash[v]) & np.uint64(mask))
+    while etable[i] != v:
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        c = etable[j]
+        if c < 0:
+            break
+        home = np.int64(mix64(ehash[c]) & np.uint64(mask))
+        if i <= j:
+            movable = home <= i or home > j
+        else:
+            movable = home <= i and home > j
+        if movable:
+            etable[i] = c
+            i = j
+    etable[i] = -1
+
+
+@kernel
+def rx_etable_rebuild(etable, ehash, flags, end):
+    """Fill ``etable`` (all -1) with every live node below ``end``."""
+    for v in range(end):
+        if flags[v] >= 0:
+            _etable_put(etable, ehash, v)
+
+
+@kernel
 def _held(masks, v, word, bit):
     return (masks[v, word] & bit) != 0
 
 
 @kernel
-def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp):
+def _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, h, before, hasp,
+             e):
     """Give worker ``(word, bit)`` page ``h`` (after page ``before`` if
-    ``hasp``), making its node if it is not there; the node."""
+    ``hasp``; engine hash ``e``, kept when ``ehash`` is not empty), making
+    its node if it is not there; the node."""
     v = rx_find(table, keys, h)
     if v < 0:
         v = meta[X_FREE]
@@ -120,8 +168,12 @@ def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp)
             v = meta[X_END]
             meta[X_END] = v + 1
         keys[v] = h
-        pkeys[v] = before
+        if pkeys.shape[0] > 0:
+            pkeys[v] = before
         flags[v] = hasp
+        if ehash.shape[0] > 0:
+            ehash[v] = e
+            _etable_put(etable, ehash, v)
         for w in range(masks.shape[1]):
             masks[v, w] = 0
         mask = table.shape[0] - 1
@@ -145,15 +197,17 @@ def _tick(stamps):
 
 
 @kernel
-def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp, stamps):
+def rx_add(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+           hasp, ehs, stamps):
     """Give worker ``(word, bit)`` the pages ``hashes`` (the page before
-    each in ``parents``, ``hasp`` 1 if it has one), making the nodes not
+    each in ``parents``, ``hasp`` 1 if it has one, the engine hash of each
+    in ``ehs``: used when ``ehash`` is not empty), making the nodes not
     there yet, and stamping them (``stamps`` not empty: see ``TICK``).
     Unchecked: ``rx_classify`` first."""
     clock = _tick(stamps)
     for i in range(hashes.shape[0]):
-        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], parents[i],
-                     hasp[i])
+        v = _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes[i],
+                     parents[i], hasp[i], ehs[i] if ehs.shape[0] > 0 else hashes[i])
         if stamps.shape[0] > 0:
             stamps[v] = clock - min(i, TICK - 1)
 
@@ -211,7 +265,8 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
             before = parent if i == 0 else hashes[i - 1]
             if repeat or (v >= 0 and _held(masks, v, word, bit)):
                 codes[i] = C_HELD
-            elif v >= 0 and ((flags[v] == 1) != hasp or (hasp and pkeys[v] != before)):
+            elif v >= 0 and ((flags[v] == 1) != hasp or (
+                    hasp and pkeys.shape[0] > 0 and pkeys[v] != before)):
                 codes[i] = C_MISMATCH
             else:
                 codes[i] = C_OK
@@ -234,11 +289,12 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
 
 
 @kernel
-def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, has_parent,
-             stamps, codes, seen):
+def rx_store(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, ehs,
+             parent, has_parent, stamps, codes, seen):
     """The common stored run in one call: ``rx_classify`` it and, when the
     worker holds its parent and every page is ``C_OK``, add it
-    (``rx_add``; room made first). Returns ``(parent status, index of the
+    (``rx_add``; ``ehs`` their engine hashes, or empty: their keys; room
+    made first). Returns ``(parent status, index of the
     first page not C_OK or -1)``; anything but ``(P_HELD, -1)`` changed
     nothing."""
     where = rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
@@ -252,7 +308,8 @@ def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, 
     clock = _tick(stamps)
     before, hasp = parent, np.int8(1 if has_parent else 0)
     for i in range(n):
-        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], before, hasp)
+        v = _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes[i],
+                     before, hasp, ehs[i] if ehs.shape[0] > 0 else hashes[i])
         if stamps.shape[0] > 0:
             stamps[v] = clock - min(i, TICK - 1)
         before, hasp = hashes[i], np.int8(1)
@@ -260,23 +317,24 @@ def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, 
 
 
 @kernel
-def rx_remove(table, keys, pkeys, flags, masks, meta, word, bit, hashes, codes, parents, hasp,
-              seen):
+def rx_remove(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, codes,
+              parents, hasp, ehs, seen):
     """The common removal in one call: ``rx_classify`` it and, when the
     worker holds every page, take them (``rx_drop``, their parents to
-    ``parents``/``hasp``). Returns the index of the first page not
+    ``parents``/``hasp``, their engine hashes to ``ehs``). Returns the index of the first page not
     ``C_OK`` (nothing changed), or -1."""
     rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, np.uint64(0), False, False,
                 codes, seen)
     for i in range(hashes.shape[0]):
         if codes[i] != C_OK:
             return i
-    rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp)
+    rx_drop(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+            hasp, ehs)
     return -1
 
 
 @kernel
-def rx_forget(table, keys, flags, masks, meta, victims, forgot):
+def rx_forget(table, keys, flags, masks, meta, etable, ehash, victims, forgot):
     """Forget the live nodes ``victims`` for every worker (the budget),
     counting per worker column in ``forgot`` the pages it held."""
     for i in range(victims.shape[0]):
@@ -288,16 +346,18 @@ def rx_forget(table, keys, flags, masks, meta, victims, forgot):
                     if (m >> j) & 1:
                         forgot[w * 64 + j] += 1
                 masks[v, w] = 0
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
 
 
 @kernel
-def _release(table, keys, flags, masks, meta, v):
+def _release(table, keys, flags, masks, meta, etable, ehash, v):
     """Free node ``v`` if no worker holds it any more."""
     for w in range(masks.shape[1]):
         if masks[v, w] != 0:
             return
     _table_delete(table, keys, v)
+    if ehash.shape[0] > 0:
+        _etable_delete(etable, ehash, v)
     flags[v] = -1
     keys[v] = np.uint64(meta[X_FREE])
     meta[X_FREE] = v
@@ -305,33 +365,38 @@ def _release(table, keys, flags, masks, meta, v):
 
 
 @kernel
-def rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp):
+def rx_drop(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+            hasp, ehs):
     """Take the pages ``hashes`` from worker ``(word, bit)`` (unchecked:
     ``rx_classify`` first), writing each one's parent to ``parents`` /
-    ``hasp`` (to undo it with ``rx_add``)."""
+    ``hasp`` and its engine hash to ``ehs`` (to undo it with ``rx_add``)."""
     for i in range(hashes.shape[0]):
         v = rx_find(table, keys, hashes[i])
-        parents[i] = pkeys[v]
+        parents[i] = pkeys[v] if pkeys.shape[0] > 0 else 0
         hasp[i] = flags[v]
+        ehs[i] = ehash[v] if ehash.shape[0] > 0 else hashes[i]
         masks[v, word] &= ~bit
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
 
 
 @kernel
-def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, hasp):
+def rx_clear(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, out, parents,
+             hasp, ehs):
     """Take every page from worker ``(word, bit)``; what it held goes to
-    ``out`` / ``parents`` / ``hasp`` (``X_LIVE`` long). Returns how many."""
+    ``out`` / ``parents`` / ``hasp`` / ``ehs`` (``X_LIVE`` long). Returns
+    how many."""
     n = 0
     for v in range(meta[X_END]):
         if flags[v] >= 0 and _held(masks, v, word, bit):
             out[n] = keys[v]
-            parents[n] = pkeys[v]
+            parents[n] = pkeys[v] if pkeys.shape[0] > 0 else 0
             hasp[n] = flags[v]
+            ehs[n] = ehash[v] if ehash.shape[0] > 0 else keys[v]
             n += 1
     for i in range(n):
         v = rx_find(table, keys, out[i])
         masks[v, word] &= ~bit
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
     return n
 
 
