@@ -1174,7 +1174,7 @@ def _engine_hashed(streams, seeds):
     import xxhash
 
     def eh(h, seed):
-        return xxhash.xxh64_intdigest(int(h).to_bytes(8, "little"), seed)
+        return xxhash.xxh64_intdigest(int(h).to_bytes(8, "little"), seed) >> 1  # Dynamo: < 2**63
 
     out = []
     for w, evs in streams:
@@ -1237,7 +1237,9 @@ def section_router_memory(repeat):
                       f"({held / len(ix):.2f} workers a page)")
             rep = ix.memory_report()
             hb = rep["arrays"]["handles"]
-            row.append(f"{label} {rep['bytes'] / held:.1f} (handles {hb / held:.1f})")
+            row.append(f"{label} {rep['bytes'] / held:.1f} (handles {hb / held:.1f}; "
+                       + ", ".join(f"{k} {v / held:.1f}" for k, v in rep["arrays"].items()
+                                   if v / held >= 0.05) + ")")
             budget = rep["bytes"] // 2
             bx = radix_soa.RouterIndex(page_size=page, workers=range(16), max_bytes=budget,
                                        strict=False)
@@ -1250,10 +1252,17 @@ def section_router_memory(repeat):
         for r in row:
             print(f"    {r}")
         if have_dynamo:
-            dyn_rss = DS.rss_growth("dynamo", [(w, DS.to_dynamo(evs, page))
-                                               for w, evs in cases[2][1]], page)
-            print(f"    Dynamo RadixTree (engine hashes, seed each): {dyn_rss / held:.1f} B per "
-                  "pair (RSS growth in a fresh process)")
+            for label, st in cases[1:]:
+                try:
+                    dyn_rss = DS.rss_growth("dynamo", [(w, DS.to_dynamo(evs, page))
+                                                       for w, evs in st], page)
+                except subprocess.CalledProcessError as exc:
+                    err = (exc.stderr or "").strip().splitlines()
+                    print(f"    Dynamo RadixTree ({label}): refused the stream "
+                          f"({err[-1] if err else exc})")
+                    continue
+                print(f"    Dynamo RadixTree ({label}): {dyn_rss / held:.1f} B per pair (RSS "
+                      "growth in a fresh process)")
 
 
 def _vllm_shaped_batches(rng, page, n_batches, keep):
