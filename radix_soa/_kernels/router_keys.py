@@ -148,6 +148,17 @@ def hx_note(table, keys, etable, ehash, hk, hv, es, ks):
 
 
 @kernel
+def hx_note_room(table, keys, etable, ehash, hk, hv, es, ks, count):
+    """``hx_note`` when the map (``count`` entries) has room for what it
+    adds: ``(change, 0)``; else nothing changed and ``(0, entries needed)``."""
+    if 4 * (count + es.shape[0]) > 3 * hk.shape[0]:
+        need = count + hx_need(table, keys, ehash, hk, hv, es, ks, False)
+        if 4 * need > 3 * hk.shape[0]:
+            return 0, need
+    return hx_note(table, keys, etable, ehash, hk, hv, es, ks), 0
+
+
+@kernel
 def hx_need(table, keys, ehash, hk, hv, es, ks, fresh):
     """The entries ``hx_note`` of ``es``/``ks`` would add (an upper bound:
     a page stored twice in ``ks`` counts twice); ``fresh``: before the
@@ -303,10 +314,11 @@ def rx_apply_events(table, keys, pkeys, flags, masks, meta, etable, ehash, word,
             for j in range(hn):
                 if cs[j] != C_OK:
                     return e
-            need = hcount[0] + hx_need(table, keys, ehash, hk, hv, eh, ks, True)
-            if 4 * need > 3 * hk.shape[0]:
-                hcount[1] = need  # the class grows the map and resumes here
-                return e
+            if 4 * (hcount[0] + hn) > 3 * hk.shape[0]:  # else room for any
+                need = hcount[0] + hx_need(table, keys, ehash, hk, hv, eh, ks, True)
+                if 4 * need > 3 * hk.shape[0]:
+                    hcount[1] = need  # the class grows the map and resumes here
+                    return e
             clock = _tick(stamps)
             before, hp = parent, np.int8(1 if hasp else 0)
             for j in range(hn):

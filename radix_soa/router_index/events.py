@@ -237,12 +237,16 @@ def _apply_one(self, i, col, worker, e, undo):
     if not self._eh_on and not np.array_equal(handles, keys):
         self._ehash_on()
     problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent, handles)
+    if not (self._eh_on or self._hmaps[col][2]):
+        return problem  # every hash is its key: no entries, none to drop
     if undo is not None:  # the worker's entries of these hashes before
-        old = np.empty(n, np.uint64)
-        had = np.empty(n, np.int8)
-        hx.hx_keys(hk, hv, _NO_NODES, _NO_EXTRAS, self._table, self._keys, self._masks, w,
-                   bit, handles, old, had)
-        undo.append((_HPUT, col, handles[had == 1], old[had == 1]))
+        m = self._hmaps[col]  # (the budget may have rebuilt it meanwhile)
+        if m[2]:
+            old = np.empty(n, np.uint64)
+            had = np.empty(n, np.int8)
+            hx.hx_keys(m[0], m[1], _NO_NODES, _NO_EXTRAS, self._table, self._keys, self._masks, w,
+                       bit, handles, old, had)
+            undo.append((_HPUT, col, handles[had == 1], old[had == 1]))
         undo.append((_HDEL, col, handles))
     self._handle_note(col, handles, keys)
     return problem

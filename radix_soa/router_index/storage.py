@@ -297,10 +297,13 @@ def _handle_note(self, col, es, ks):
     hashes ``es`` (``hx_note``: entries only where a hash is not the
     page's default)."""
     m = self._hmaps[col]
-    need = hx.hx_need(self._table, self._keys, self._ehash, m[0], m[1], es, ks, False)
+    change, need = hx.hx_note_room(self._table, self._keys, self._etable, self._ehash, m[0],
+                                   m[1], es, ks, m[2])
     if need:
-        m = self._handle_room(col, need)
-    m[2] += hx.hx_note(self._table, self._keys, self._etable, self._ehash, m[0], m[1], es, ks)
+        m = self._handle_room(col, need - m[2])
+        change = hx.hx_note(self._table, self._keys, self._etable, self._ehash, m[0], m[1], es,
+                            ks)
+    m[2] += change
 
 
 def _handle_del(self, col, es):
