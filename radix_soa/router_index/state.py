@@ -81,7 +81,7 @@ def from_state(cls, state):
     arrays are taken, not copied.
 
     >>> import radix_soa as rs
-    >>> rs.RouterIndex.from_state({"_page": 0})
+    >>> rs.RouterIndex.from_state({"_page": "16"})
     Traceback (most recent call last):
     ...
     ValueError: the index state's _page is missing or not a int
