@@ -265,15 +265,16 @@ def hx_rebuild(hk, hv, ok, ov):
 @kernel
 def rx_apply_events(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hk, hv,
                     seen, ev, hashes, tokens, extras, seeds, page, start, wanted, keys_out,
-                    parents_out, hasp_out, ehs_out, had_out, codes, hcount, stamps):
+                    parents_out, hasp_out, ehs_out, had_out, codes, hcount, stamps, pend):
     """Apply events ``start..`` of a wire batch (``wire.read_batch``'s
     ``ev``, ``hashes``, ``tokens``; ``extras`` per page, ``seeds`` per
     event, ``wanted`` 0 to skip one) for worker ``(word, bit)`` while each
     applies as it is (a stored run under a parent the worker holds, every
     page new to it; a removal of pages it holds): pages keyed by their
     tokens, the handles kept (``hx_note``; ``hcount[0]`` the map's entries,
-    kept; ``hcount[1]`` set to the entries an event needs room for when it
-    stops for that), stored runs stamped (``stamps`` not empty: the budget). What
+    kept; an entry the map has no room for is left to the class: the
+    event's pages of them to ``pend`` and their number to ``hcount[1]``,
+    and the kernel returns after that event), stored runs stamped (``stamps`` not empty: the budget). What
     each did goes to ``keys_out`` (its pages' keys), ``parents_out``,
     ``hasp_out``, ``ehs_out`` (a removal's pages' parents and engine
     hashes), ``had_out`` (1: the handle had an entry), so the class can
@@ -314,12 +315,8 @@ def rx_apply_events(table, keys, pkeys, flags, masks, meta, etable, ehash, word,
             for j in range(hn):
                 if cs[j] != C_OK:
                     return e
-            if 4 * (hcount[0] + hn) > 3 * hk.shape[0]:  # else room for any
-                need = hcount[0] + hx_need(table, keys, ehash, hk, hv, eh, ks, True)
-                if 4 * need > 3 * hk.shape[0]:
-                    hcount[1] = need  # the class grows the map and resumes here
-                    return e
             clock = _tick(stamps)
+            pending = 0
             before, hp = parent, np.int8(1 if hasp else 0)
             for j in range(hn):
                 v = _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit,
@@ -327,7 +324,15 @@ def rx_apply_events(table, keys, pkeys, flags, masks, meta, etable, ehash, word,
                 if stamps.shape[0] > 0:
                     stamps[v] = clock - min(j, TICK - 1)
                 before, hp = ks[j], np.int8(1)
-                hcount[0] += _note_one(hk, hv, ehash, v, eh[j], ks[j])
+                if ehash.shape[0] > 0 and eh[j] != ehash[v] and 4 * (hcount[0] + 1) > 3 * \
+                        hk.shape[0]:  # an entry, and no room for it: the class puts it
+                    pend[pending] = j
+                    pending += 1
+                else:
+                    hcount[0] += _note_one(hk, hv, ehash, v, eh[j], ks[j])
+            if pending > 0:
+                hcount[1] = pending
+                return e + 1
         else:
             hx_keys(hk, hv, etable, ehash, table, keys, masks, word, bit, eh, ks,
                     had_out[h0:h0 + hn])

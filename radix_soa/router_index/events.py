@@ -16,7 +16,6 @@ from .workers import worker_id
 
 _BOOL = (bool, np.bool_)
 _NO_EXTRAS = np.zeros(0, np.uint64)
-_NO_NODES = np.zeros(0, np.int32)
 MASK64 = (1 << 64) - 1
 # the kinds of a strict call's undo steps: pages, the budget's count, the handle maps
 _ADD, _DROP, _FORGOT, _HMAP, _HDEL, _HPUT = 0, 1, 2, 3, 4, 5
@@ -239,15 +238,8 @@ def _apply_one(self, i, col, worker, e, undo):
     problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent, handles)
     if not (self._eh_on or self._hmaps[col][2]):
         return problem  # every hash is its key: no entries, none to drop
-    if undo is not None:  # the worker's entries of these hashes before
-        m = self._hmaps[col]  # (the budget may have rebuilt it meanwhile)
-        if m[2]:
-            old = np.empty(n, np.uint64)
-            had = np.empty(n, np.int8)
-            hx.hx_keys(m[0], m[1], _NO_NODES, _NO_EXTRAS, self._table, self._keys, self._masks, w,
-                       bit, handles, old, had)
-            undo.append((_HPUT, col, handles[had == 1], old[had == 1]))
-        undo.append((_HDEL, col, handles))
+    if undo is not None:  # (pages new to the worker: it had no entry of these hashes,
+        undo.append((_HDEL, col, handles))  # but for one engine naming two pages alike)
     self._handle_note(col, handles, keys)
     return problem
 

@@ -298,7 +298,9 @@ def _run(self, col, b, prep, start, out):
     self._reserve(int(ev[start:, W.E_HN][stored].sum()))
     w, bit = self._bit(col)
     keys_out, parents_out, hasp_out, ehs_out, had_out, codes = out
-    seen = self._seen_for(int(ev[:, W.E_HN].max(initial=0)))
+    hn = int(ev[:, W.E_HN].max(initial=0))
+    seen = self._seen_for(hn)
+    pend = np.empty(hn, np.int64)
     while True:
         m = self._hmaps[col]
         hcount = np.array([m[2], 0], np.int64)
@@ -306,11 +308,14 @@ def _run(self, col, b, prep, start, out):
             self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta,
             self._etable, self._ehash, w, bit, m[0], m[1], seen, ev, b.hashes, b.tokens,
             extras, seeds, self._page, start, wanted, keys_out, parents_out, hasp_out, ehs_out,
-            had_out, codes, hcount, self._stamps)
+            had_out, codes, hcount, self._stamps, pend)
         m[2] = int(hcount[0])
         if hcount[1] == 0:
             return k
-        self._handle_room(col, int(hcount[1]) - m[2])  # then on from event k
+        # event k - 1's entries the map had no room for: put, then on from event k
+        h0 = int(ev[k - 1, W.E_H0])
+        at = h0 + pend[:int(hcount[1])]
+        self._handle_put(col, b.hashes[at], keys_out[at])
         start = k
 
 
