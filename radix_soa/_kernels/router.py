@@ -8,7 +8,8 @@ the page before it; empty when pages are keyed by their tokens, where a
 key already names its parent), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
 a parent), ``masks`` int64 ``[node, word]`` (bit ``c % 64`` of word
 ``c // 64``: worker column ``c`` holds the page), ``table`` int32
-open-addressing slots keyed by the hash itself (already mixed), -1 empty,
+open-addressing slots (any number: ``_home`` scales a hash's top bits),
+keyed by the hash itself (already mixed), -1 empty,
 ``meta`` int64 (``X_*`` slots), ``etable``/``ehash`` (empty, or once
 an engine names pages by its own hashes: ``ehash`` uint64 per node, the
 engine hash of the node's first holder, and ``etable`` int32 slots keyed by
@@ -58,33 +59,48 @@ P_OTHERS = 2     # held by other workers only
 
 
 @kernel
+def _home(h, nslots):
+    """The home slot of the (mixed) hash ``h`` in a table of ``nslots``
+    slots, any number below 2**32: its top 32 bits scaled (a multiply and
+    a shift, so tables grow by a quarter, not double)."""
+    return np.int64(((h >> np.uint64(32)) * np.uint64(nslots)) >> np.uint64(32))
+
+
+@kernel
+def _next(i, nslots):
+    """The slot after ``i`` (linear probing, wrapping)."""
+    i += 1
+    return 0 if i == nslots else i
+
+
+@kernel
 def rx_find(table, keys, h):
     """The live node of hash ``h``, or -1 (the table holds live nodes only)."""
-    mask = table.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
+    nslots = table.shape[0]
+    i = _home(h, nslots)
     while True:
         v = table[i]
         if v < 0:
             return -1
         if keys[v] == h:
             return v
-        i = (i + 1) & mask
+        i = _next(i, nslots)
 
 
 @kernel
 def _table_delete(table, keys, v):
     """Remove node ``v`` from the table (backward-shift deletion)."""
-    mask = table.shape[0] - 1
-    i = np.int64(keys[v] & np.uint64(mask))
+    nslots = table.shape[0]
+    i = _home(keys[v], nslots)
     while table[i] != v:
-        i = (i + 1) & mask
+        i = _next(i, nslots)
     j = i
     while True:
-        j = (j + 1) & mask
+        j = _next(j, nslots)
         c = table[j]
         if c < 0:
             break
-        home = np.int64(keys[c] & np.uint64(mask))
+        home = _home(keys[c], nslots)
         if i <= j:
             movable = home <= i or home > j
         else:
@@ -98,38 +114,38 @@ def _table_delete(table, keys, v):
 @kernel
 def rx_table_rebuild(table, keys, flags, end):
     """Fill ``table`` (all -1) with every live node below ``end``."""
-    mask = table.shape[0] - 1
+    nslots = table.shape[0]
     for v in range(end):
         if flags[v] >= 0:
-            i = np.int64(keys[v] & np.uint64(mask))
+            i = _home(keys[v], nslots)
             while table[i] >= 0:
-                i = (i + 1) & mask
+                i = _next(i, nslots)
             table[i] = v
 
 
 @kernel
 def _etable_put(etable, ehash, v):
-    mask = etable.shape[0] - 1
-    j = np.int64(mix64(ehash[v]) & np.uint64(mask))
+    nslots = etable.shape[0]
+    j = _home(mix64(ehash[v]), nslots)
     while etable[j] >= 0:
-        j = (j + 1) & mask
+        j = _next(j, nslots)
     etable[j] = v
 
 
 @kernel
 def _etable_delete(etable, ehash, v):
     """Remove node ``v`` from ``etable`` (backward-shift deletion)."""
-    mask = etable.shape[0] - 1
-    i = np.int64(mix64(ehash[v]) & np.uint64(mask))
+    nslots = etable.shape[0]
+    i = _home(mix64(ehash[v]), nslots)
     while etable[i] != v:
-        i = (i + 1) & mask
+        i = _next(i, nslots)
     j = i
     while True:
-        j = (j + 1) & mask
+        j = _next(j, nslots)
         c = etable[j]
         if c < 0:
             break
-        home = np.int64(mix64(ehash[c]) & np.uint64(mask))
+        home = _home(mix64(ehash[c]), nslots)
         if i <= j:
             movable = home <= i or home > j
         else:
@@ -176,10 +192,10 @@ def _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, h
             _etable_put(etable, ehash, v)
         for w in range(masks.shape[1]):
             masks[v, w] = 0
-        mask = table.shape[0] - 1
-        j = np.int64(h & np.uint64(mask))
+        nslots = table.shape[0]
+        j = _home(h, nslots)
         while table[j] >= 0:
-            j = (j + 1) & mask
+            j = _next(j, nslots)
         table[j] = v
         meta[X_LIVE] += 1
     masks[v, word] |= bit
@@ -437,16 +453,16 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stam
     h = seed
     npages = qn // page
     given = hkeys.shape[0] > 0
-    mask = table.shape[0] - 1
+    nslots = table.shape[0]
     i = 0
     while i < npages and left != 0:
         g = min(GROUP, npages - i)
         for j in range(g):
             h = hkeys[i + j] if given else page_hash(h, q, qs + (i + j) * page, page)
             group[j] = np.int64(h)
-            prefetch(table, np.int64(h & np.uint64(mask)))
+            prefetch(table, _home(h, nslots))
         for j in range(g):
-            c = table[np.int64(np.uint64(group[j]) & np.uint64(mask))]
+            c = table[_home(np.uint64(group[j]), nslots)]
             if c >= 0:
                 prefetch(keys, c)
                 prefetch(masks[c], 0)

@@ -43,7 +43,8 @@ import numpy as np
 from . import wire
 from .chain import page_hash
 from .config import kernel
-from .router import C_OK, P_HELD, TICK, _add_one, _tick, rx_classify, rx_drop, rx_find
+from .router import (C_OK, P_HELD, TICK, _add_one, _home, _next, _tick, rx_classify,
+                     rx_drop, rx_find)
 from .table import mix64
 
 ZERO = np.uint64(0x9E3779B97F4A7C15)  # the stored form of an engine hash of 0
@@ -103,8 +104,8 @@ def hx_resolve(hk, hv, etable, ehash, table, keys, masks, word, bit, e):
     if etable.shape[0] == 0:
         return e, 0
     first = -1
-    mask = etable.shape[0] - 1
-    i = np.int64(mix64(e) & np.uint64(mask))
+    nslots = etable.shape[0]
+    i = _home(mix64(e), nslots)
     while etable[i] >= 0:
         v = etable[i]
         if ehash[v] == e:
@@ -112,7 +113,7 @@ def hx_resolve(hk, hv, etable, ehash, table, keys, masks, word, bit, e):
                 return keys[v], 0
             if first < 0:
                 first = v
-        i = (i + 1) & mask
+        i = _next(i, nslots)
     v = rx_find(table, keys, e)
     if v >= 0 and ((masks[v, word] & bit) != 0 or first < 0):
         return e, 0
@@ -324,12 +325,13 @@ def rx_apply_events(table, keys, pkeys, flags, masks, meta, etable, ehash, word,
                 if stamps.shape[0] > 0:
                     stamps[v] = clock - min(j, TICK - 1)
                 before, hp = ks[j], np.int8(1)
-                if ehash.shape[0] > 0 and eh[j] != ehash[v] and 4 * (hcount[0] + 1) > 3 * \
-                        hk.shape[0]:  # an entry, and no room for it: the class puts it
+                if eh[j] == (ehash[v] if ehash.shape[0] > 0 else ks[j]):
+                    continue  # the page's default: no entry (a page new to the worker had none)
+                if 4 * (hcount[0] + 1) > 3 * hk.shape[0]:  # no room: the class puts it
                     pend[pending] = j
                     pending += 1
                 else:
-                    hcount[0] += _note_one(hk, hv, ehash, v, eh[j], ks[j])
+                    hcount[0] += hx_put(hk, hv, eh[j], ks[j])
             if pending > 0:
                 hcount[1] = pending
                 return e + 1

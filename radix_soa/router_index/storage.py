@@ -12,6 +12,7 @@ from .._kernels import router_keys as hx
 
 _NO_SLOTS = np.zeros(0, np.uint64)
 MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
+MIN_SLOTS = 128   # the smallest table
 
 
 def _alloc(self, nodes, slots, old=None):
@@ -101,12 +102,18 @@ def _node_budget(self):
     room = self._max_bytes - fixed
     per = self._node_bytes()
     tb = self._slot_bytes()
-    best, slots = 0, 128
-    while tb * slots < room:
-        best = max(best, min(3 * slots // 4, (room - tb * slots) // per))
-        slots *= 2
+    best = max(0, min(96, (room - MIN_SLOTS * tb) // per))  # the smallest table
+    n = (3 * (room - tb)) // (3 * per + 4 * tb)  # nodes and _slots_for(nodes) slots
+    if n > best and per * n + tb * _slots_for(n) <= room:
+        best = n
     self._budget_words, self._budget_nodes = (self._words, fixed), best
     return best
+
+
+def _slots_for(nodes):
+    """The fewest table slots that hold ``nodes`` at load <= 3/4 (any number
+    of slots: ``router._home``)."""
+    return max(MIN_SLOTS, -(-4 * nodes // 3))
 
 def _reserve(self, new):
     """Room for ``new`` more nodes (and their table slots, load <= 3/4);
@@ -123,19 +130,16 @@ def _reserve(self, new):
     if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0] and (
             cap is None or nodes <= cap and self._memory_bytes() <= self._max_bytes):
         return
-    # nodes grow by a quarter (each copy compacts them), the table doubles
+    # nodes and the tables grow by a quarter (each copy compacts the nodes)
     size = max(nodes, ids, 64)
     if ids > nodes:
         size = max(ids, nodes + nodes // 4)
     slots = self._table.shape[0]
-    while 4 * (live + new) > 3 * slots:
-        slots *= 2
+    if 4 * (live + new) > 3 * slots:
+        slots = max(slots + slots // 4, _slots_for(live + new))
     if cap is not None:
         size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
-        while slots > 128 and 4 * (live + new) <= 3 * (slots // 2) and (
-                self._fixed_bytes() + size * self._node_bytes()
-                + slots * self._slot_bytes() > self._max_bytes):
-            slots //= 2  # the handle maps grew: a smaller table, if it holds them
+        slots = min(slots, _slots_for(cap))  # (fewer, when the handle maps grew)
     self._alloc(size, slots, self._arrays())
 
 
