@@ -135,12 +135,33 @@ def _reserve(self, new):
     if ids > nodes:
         size = max(ids, nodes + nodes // 4)
     slots = self._table.shape[0]
+    if cap is None and 4 * (live + new) <= 3 * slots:
+        _extend(self, size)  # the tables hold: node ids kept, nothing rebuilt
+        return
     if 4 * (live + new) > 3 * slots:
         slots = max(slots + slots // 4, _slots_for(live + new))
     if cap is not None:
         size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
         slots = min(slots, _slots_for(cap))  # (fewer, when the handle maps grew)
     self._alloc(size, slots, self._arrays())
+
+
+def _extend(self, nodes):
+    """The node arrays ``nodes`` long (unbudgeted: no stamps), every id
+    kept, so the tables stay as they are."""
+    n = self._keys.shape[0]
+
+    def grown(a, fill=0):
+        out = np.full((nodes,) + a.shape[1:], fill, a.dtype)
+        out[:n] = a
+        return out
+
+    self._keys, self._flags, self._masks = (grown(self._keys), grown(self._flags, -1),
+                                            grown(self._masks))
+    if self._pkeys.shape[0]:
+        self._pkeys = grown(self._pkeys)
+    if self._ehash.shape[0]:
+        self._ehash = grown(self._ehash)
 
 
 def _fit(self):
