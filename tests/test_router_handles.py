@@ -229,7 +229,6 @@ def test_a_strict_apply_interrupted_leaves_the_index_and_its_handles_as_they_wer
         pc[0].insert(q + [9, 9])
     pc[0].evict(6)
     evs = engine_events(pc[0].take_events() + [rs.AllBlocksCleared()], 1000)
-    evs += engine_events(evs[:0], 1000)
     real = RI.RouterIndex._apply_one
     calls = []
 
@@ -248,3 +247,27 @@ def test_a_strict_apply_interrupted_leaves_the_index_and_its_handles_as_they_wer
     after = ({w: ix.blocks_of(w) for w in ix.workers}, [ix.overlap(q).tolist() for q in qs],
              entries(ix), len(ix))
     assert after == before and len(calls) == 2
+
+
+def test_a_checkpoint_keeps_the_engine_hashes_and_refuses_arrays_that_do_not_fit(tmp_path):
+    from radix_soa.service import checkpoint as ck
+    pc = rs.PrefixCache(page_size=2, events=True, values=False)
+    pc.insert([1, 2, 3, 4, 5, 6])
+    evs = pc.take_events()
+    ix = rs.RouterIndex(page_size=2)
+    for w in range(3):
+        ix.apply(w, engine_events(evs, 1000 + w))
+    ck.save(tmp_path / "s", ck.snapshot(ix))
+    back, _, _ = ck.load(tmp_path / "s")
+    assert back.overlap([1, 2, 3, 4, 5, 6]).tolist() == [6, 6, 6]
+    assert {w: back.blocks_of(w) for w in range(3)} == {w: ix.blocks_of(w) for w in range(3)}
+    back.apply(1, engine_events([rs.BlockRemoved(evs[0].block_hashes[::-1])], 1001))
+    assert back.overlap([1, 2, 3, 4, 5, 6]).tolist() == [6, 0, 6]
+    state = ix.export_state()
+    state["_etable"] = state["_etable"][:-1]
+    with pytest.raises(ValueError, match="do not fit"):
+        rs.RouterIndex.from_state(state)
+    state = ix.export_state()
+    state["_eh_on"] = False
+    with pytest.raises(ValueError, match="do not fit"):
+        rs.RouterIndex.from_state(state)

@@ -19,9 +19,10 @@ touched it, the clock in the last element. Mutation kernels assume the
 class made room first (``X_LIVE`` + the new nodes within the arrays, the
 table under the load limit).
 
-Call graph (callers after their callees): rx_find, _etable_put,
-_etable_delete; rx_classify (an event's
-pages: to add, held, unknown ...); _add_one -> rx_add; rx_store
+Call graph (callers after their callees): _home, _next -> rx_find,
+_table_delete, rx_table_rebuild, _etable_put, _etable_delete,
+rx_etable_rebuild; rx_classify (an event's pages: to add, held, unknown
+...); _add_one -> rx_add; rx_store
 (rx_classify, _add_one), rx_remove (rx_classify, rx_drop): the common event
 in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
 (page_hash, prefetch, the budget's stamps) -> rx_overlap, rx_overlap_batch

@@ -33,9 +33,10 @@ of 0 is stored as ``ZERO``), ``hv`` the key. The class counts the entries
 or dropped).
 
 Call graph (callers after their callees): fold -> token_keys; _stored;
-hx_slot -> hx_resolve -> hx_keys; hx_put -> hx_put_all, hx_rebuild; hx_del
--> hx_del_all, hx_note; token_keys, hx_*, rx_classify, _add_one, rx_drop
-(router) -> rx_apply_events
+hx_slot -> hx_resolve (router's _home, _next, rx_find) -> hx_key, hx_keys;
+hx_put -> hx_put_all, hx_rebuild; hx_del -> hx_del_all, _note_one ->
+hx_note; hx_need, hx_note -> hx_note_room; token_keys, hx_*, rx_classify,
+_add_one, rx_drop (router) -> rx_apply_events
 """
 
 import numpy as np
