@@ -20,11 +20,10 @@ class made room first (``X_LIVE`` + the new nodes within the arrays, the
 table under the load limit).
 
 Call graph (callers after their callees): _home, _next -> rx_find,
-_table_delete, rx_table_rebuild, _etable_put, _etable_delete,
-rx_etable_rebuild; rx_classify (an event's pages: to add, held, unknown
-...); _add_one -> rx_add; rx_store
-(rx_classify, _add_one), rx_remove (rx_classify, rx_drop): the common event
-in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
+_table_delete, _etable_put, _etable_delete -> rx_table_rebuild;
+rx_classify (an event's pages: to add, held, unknown ...); _add_one ->
+rx_add; rx_store (rx_classify, _add_one), rx_remove (rx_classify,
+rx_drop): the common event in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
 (page_hash, prefetch, the budget's stamps) -> rx_overlap, rx_overlap_batch
 (RouterIndex)
 """
@@ -113,16 +112,19 @@ def _table_delete(table, keys, v):
 
 
 @kernel
-def rx_table_rebuild(table, keys, flags, end):
-    """Fill ``table`` (all -1) with every live node below ``end``."""
+def rx_table_rebuild(table, keys, flags, end, etable, ehash):
+    """Fill ``table`` (all -1) with every live node below ``end``, and
+    ``etable`` (all -1; when ``ehash`` is not empty) too, in one pass."""
     nslots = table.shape[0]
+    both = ehash.shape[0] > 0
     for v in range(end):
         if flags[v] >= 0:
             i = _home(keys[v], nslots)
             while table[i] >= 0:
                 i = _next(i, nslots)
             table[i] = v
-
+            if both:
+                _etable_put(etable, ehash, v)
 
 @kernel
 def _etable_put(etable, ehash, v):
@@ -155,14 +157,6 @@ def _etable_delete(etable, ehash, v):
             etable[i] = c
             i = j
     etable[i] = -1
-
-
-@kernel
-def rx_etable_rebuild(etable, ehash, flags, end):
-    """Fill ``etable`` (all -1) with every live node below ``end``."""
-    for v in range(end):
-        if flags[v] >= 0:
-            _etable_put(etable, ehash, v)
 
 
 @kernel

@@ -29,8 +29,18 @@ def _alloc(self, nodes, slots, old=None):
     stamps = np.zeros(0 if self._max_bytes is None else nodes + 1, np.int64)
     meta = np.zeros(router_kernels.X_SIZE, np.int64)
     meta[router_kernels.X_FREE] = -1
-    if old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
-        ids = np.flatnonzero(old["flags"][:int(old["meta"][router_kernels.X_END])] >= 0)
+    end = 0 if old is None else int(old["meta"][router_kernels.X_END])
+    if old is not None and self._max_bytes is None and end <= nodes:
+        # unbudgeted: every id kept (free ones stay on the free list), no gather
+        keys[:end], flags[:end] = old["keys"][:end], old["flags"][:end]
+        if pkeys.shape[0]:
+            pkeys[:end] = old["pkeys"][:end]
+        if ehash.shape[0]:
+            ehash[:end] = old["ehash"][:end] if old["ehash"].shape[0] else old["keys"][:end]
+        masks[:end, :old["masks"].shape[1]] = old["masks"][:end]
+        meta[:] = old["meta"]
+    elif old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
+        ids = np.flatnonzero(old["flags"][:end] >= 0)
         n = ids.shape[0]
         keys[:n], flags[:n] = old["keys"][ids], old["flags"][ids]
         if pkeys.shape[0]:
@@ -43,11 +53,9 @@ def _alloc(self, nodes, slots, old=None):
             stamps[-1] = old["stamps"][-1]  # the clock
         meta[router_kernels.X_END] = meta[router_kernels.X_LIVE] = n
     table = np.full(slots, -1, np.int32)
-    end = int(meta[router_kernels.X_END])
-    router_kernels.rx_table_rebuild(table, keys, flags, end)
     etable = np.full(slots if ehash.shape[0] else 0, -1, np.int32)
-    if ehash.shape[0]:
-        router_kernels.rx_etable_rebuild(etable, ehash, flags, end)
+    router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]), etable,
+                                    ehash)
     self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
                           "_stamps": stamps, "_meta": meta, "_table": table,
                           "_ehash": ehash, "_etable": etable})
