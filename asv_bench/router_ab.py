@@ -116,7 +116,6 @@ def main(argv):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench import _vllm_shaped_batches
     mods = {n: importlib.import_module(n) for n in ("radix_soa_a", "radix_soa_b")}
-    import radix_soa  # noqa: F401  (bench imports it; the batches are bytes)
     batches = _vllm_shaped_batches(np.random.default_rng(0), 16, 200, 20_000)
     sides = {n: rows(m, batches) for n, m in mods.items()}
     for rs_rows in sides.values():

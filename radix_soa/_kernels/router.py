@@ -3,21 +3,19 @@ worker, keyed by the page's chained hash (``chain``), with the set of
 workers holding it as a bitmask row (64 workers a word).
 
 Arrays (allocated and grown by the class): ``keys`` uint64 per node (its
-page hash; for a free node, the next free id), ``pkeys`` uint64 (the hash of
-the page before it; empty when pages are keyed by their tokens, where a
-key already names its parent), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
-a parent), ``masks`` int64 ``[node, word]`` (bit ``c % 64`` of word
-``c // 64``: worker column ``c`` holds the page), ``table`` int32
-open-addressing slots (any number: ``_home`` scales a hash's top bits),
-keyed by the hash itself (already mixed), -1 empty,
-``meta`` int64 (``X_*`` slots), ``etable``/``ehash`` (empty, or once
-an engine names pages by its own hashes: ``ehash`` uint64 per node, the
-engine hash of the node's first holder, and ``etable`` int32 slots keyed by
-``mix64`` of it, as ``table``; see ``router_keys``), ``stamps`` int64 (a budgeted index only,
-else empty): per node the tick a query last walked it or a store last
-touched it, the clock in the last element. Mutation kernels assume the
-class made room first (``X_LIVE`` + the new nodes within the arrays, the
-table under the load limit).
+page hash; for a free node, the next free id), ``pkeys`` uint64 (the hash
+of the page before it; empty when keyed by tokens: a key names its parent),
+``flags`` int8 (-1 free, 0 a first page, 1 a page with a parent), ``masks``
+int64 ``[node, word]`` (bit ``c % 64`` of word ``c // 64``: worker column
+``c`` holds the page), ``table`` int32 open-addressing slots of any number
+(``_home``) keyed by the hash itself (already mixed), -1 empty, ``meta``
+int64 (``X_*`` slots), ``ehash``/``etable`` (empty until an engine names
+pages by hashes of its own: per node the engine hash of its first holder,
+and slots as ``table``'s keyed by ``mix64`` of it; see ``router_keys``),
+``stamps`` int64 (a budgeted index only, else empty): per node the tick a
+query last walked it or a store last touched it, the clock in the last
+element. Mutation kernels assume the class made room first (``X_LIVE`` +
+the new nodes within the arrays, the tables under the load limit).
 
 Call graph (callers after their callees): _home, _next -> rx_find,
 _table_delete, _etable_put, _etable_delete -> rx_table_rebuild;
@@ -60,9 +58,8 @@ P_OTHERS = 2     # held by other workers only
 
 @kernel
 def _home(h, nslots):
-    """The home slot of the (mixed) hash ``h`` in a table of ``nslots``
-    slots, any number below 2**32: its top 32 bits scaled (a multiply and
-    a shift, so tables grow by a quarter, not double)."""
+    """The home slot of mixed hash ``h`` in ``nslots`` (< 2**32) slots:
+    its top 32 bits scaled, so a table may grow by a quarter."""
     return np.int64(((h >> np.uint64(32)) * np.uint64(nslots)) >> np.uint64(32))
 
 
@@ -113,8 +110,8 @@ def _table_delete(table, keys, v):
 
 @kernel
 def rx_table_rebuild(table, keys, flags, end, etable, ehash):
-    """Fill ``table`` (all -1) with every live node below ``end``, and
-    ``etable`` (all -1; when ``ehash`` is not empty) too, in one pass."""
+    """Fill ``table`` and ``etable`` (all -1; if ``ehash`` is not empty)
+    with every live node below ``end``."""
     nslots = table.shape[0]
     both = ehash.shape[0] > 0
     for v in range(end):
@@ -127,7 +124,7 @@ def rx_table_rebuild(table, keys, flags, end, etable, ehash):
                 _etable_put(etable, ehash, v)
 
 @kernel
-def _etable_put(etable, ehash, v):
+def _etable_put(etable, ehash, v):  # (the table is not full: load <= 3/4)
     nslots = etable.shape[0]
     j = _home(mix64(ehash[v]), nslots)
     while etable[j] >= 0:
