@@ -17,8 +17,8 @@ query last walked it or a store last touched it, the clock in the last
 element. Mutation kernels assume the class made room first (``X_LIVE`` +
 the new nodes within the arrays, the tables under the load limit).
 
-Call graph (callers after their callees): _home, _next -> rx_find,
-_table_delete, _etable_put, _etable_delete -> rx_table_rebuild;
+Call graph (callers after their callees): _home, _next -> _find_from -> rx_find,
+_shift_delete -> _table_delete, _etable_delete; _etable_put -> rx_table_rebuild;
 rx_classify (an event's pages: to add, held, unknown ...); _add_one ->
 rx_add; rx_store (rx_classify, _add_one), rx_remove (rx_classify,
 rx_drop): the common event in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
@@ -73,8 +73,12 @@ def _next(i, nslots):
 @kernel
 def rx_find(table, keys, h):
     """The live node of hash ``h``, or -1 (the table holds live nodes only)."""
+    return _find_from(table, keys, h, _home(h, table.shape[0]))
+
+
+@kernel
+def _find_from(table, keys, h, i):  # rx_find from slot i, the home of h
     nslots = table.shape[0]
-    i = _home(h, nslots)
     while True:
         v = table[i]
         if v < 0:
@@ -87,25 +91,32 @@ def rx_find(table, keys, h):
 @kernel
 def _table_delete(table, keys, v):
     """Remove node ``v`` from the table (backward-shift deletion)."""
-    nslots = table.shape[0]
-    i = _home(keys[v], nslots)
-    while table[i] != v:
+    _shift_delete(table, keys, v, False)
+
+
+@kernel
+def _shift_delete(tab, hashes, v, mixed):
+    """Remove node ``v`` from ``tab``, slots keyed by ``hashes`` (``mix64``
+    of them if ``mixed``): backward-shift deletion, no tombstones."""
+    nslots = tab.shape[0]
+    i = _home(mix64(hashes[v]) if mixed else hashes[v], nslots)
+    while tab[i] != v:
         i = _next(i, nslots)
     j = i
     while True:
         j = _next(j, nslots)
-        c = table[j]
+        c = tab[j]
         if c < 0:
             break
-        home = _home(keys[c], nslots)
+        home = _home(mix64(hashes[c]) if mixed else hashes[c], nslots)
         if i <= j:
             movable = home <= i or home > j
         else:
             movable = home <= i and home > j
         if movable:
-            table[i] = c
+            tab[i] = c
             i = j
-    table[i] = -1
+    tab[i] = -1
 
 
 @kernel
@@ -134,26 +145,7 @@ def _etable_put(etable, ehash, v):  # (the table is not full: load <= 3/4)
 
 @kernel
 def _etable_delete(etable, ehash, v):
-    """Remove node ``v`` from ``etable`` (backward-shift deletion)."""
-    nslots = etable.shape[0]
-    i = _home(mix64(ehash[v]), nslots)
-    while etable[i] != v:
-        i = _next(i, nslots)
-    j = i
-    while True:
-        j = _next(j, nslots)
-        c = etable[j]
-        if c < 0:
-            break
-        home = _home(mix64(ehash[c]), nslots)
-        if i <= j:
-            movable = home <= i or home > j
-        else:
-            movable = home <= i and home > j
-        if movable:
-            etable[i] = c
-            i = j
-    etable[i] = -1
+    _shift_delete(etable, ehash, v, True)
 
 
 @kernel
@@ -390,9 +382,8 @@ def rx_drop(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, ha
 @kernel
 def rx_clear(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, out, parents,
              hasp, ehs):
-    """Take every page from worker ``(word, bit)``; what it held goes to
-    ``out`` / ``parents`` / ``hasp`` / ``ehs`` (``X_LIVE`` long). Returns
-    how many."""
+    """Take every page from worker ``(word, bit)``, what it held to ``out``
+    / ``parents`` / ``hasp`` / ``ehs`` (``X_LIVE`` long); how many."""
     n = 0
     for v in range(meta[X_END]):
         if flags[v] >= 0 and _held(masks, v, word, bit):
@@ -416,19 +407,17 @@ def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys, stamps):
 
 @kernel
 def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stamps):
-    """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
-    it holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of
-    each word of ``live``, then a word of scratch per word, then the
-    group's scratch). The pages' keys are their chained ``page_hash`` from
-    ``seed``, or ``hkeys`` when it is not empty (one per page, hashed by the
-    caller: ``sha256_cbor``). ``GROUP`` pages at a time: their hashes first,
-    each one's table slot prefetched, then each slot's node (its key and
-    mask row prefetched), then the walk, so a large index's misses overlap
-    instead of following one another. With ``stamps`` (not empty) the clock
-    ticks and every page the walk finds is stamped (``TICK``): the budget's
-    recency. ``rx_overlap_batch`` runs beside other readers, so two may
-    race on a stamp or the clock: a lost write leaves a page a few ticks
-    older, never a wrong answer."""
+    """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]`` it
+    holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of each
+    word of ``live``, a word of scratch per word, the group's scratch). The
+    keys: the chained ``page_hash`` from ``seed``, or ``hkeys`` if not empty
+    (``sha256_cbor``, hashed by the caller). ``GROUP`` pages at a time: their
+    hashes and home slots (prefetched), each slot's node (key and mask row
+    prefetched), then the walk, so a large index's misses overlap. With
+    ``stamps`` (not empty) the clock ticks and each page found is stamped
+    (``TICK``). ``rx_overlap_batch`` runs beside other readers: two may race
+    on a stamp or the clock, leaving a page a few ticks older, never an
+    answer wrong."""
     words = masks.shape[1]
     stamped = stamps.shape[0] > 0
     clock = np.int64(0)
@@ -452,14 +441,15 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stam
         for j in range(g):
             h = hkeys[i + j] if given else page_hash(h, q, qs + (i + j) * page, page)
             group[j] = np.int64(h)
-            prefetch(table, _home(h, nslots))
+            found[j] = _home(h, nslots)
+            prefetch(table, found[j])
         for j in range(g):
-            c = table[_home(np.uint64(group[j]), nslots)]
+            c = table[found[j]]
             if c >= 0:
                 prefetch(keys, c)
                 prefetch(masks[c], 0)
         for j in range(g):
-            found[j] = rx_find(table, keys, np.uint64(group[j]))
+            found[j] = _find_from(table, keys, np.uint64(group[j]), found[j])
         for j in range(g):
             v = found[j]
             if v < 0:
