@@ -21,7 +21,8 @@ Call graph (callers after their callees): _home, _next -> _find_from -> rx_find,
 _shift_delete -> _table_delete, _etable_delete; _etable_put -> rx_table_rebuild;
 rx_classify (an event's pages: to add, held, unknown ...); _add_one ->
 rx_add; rx_store (rx_classify, _add_one), rx_remove (rx_classify,
-rx_drop): the common event in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
+rx_drop): the common event in one call; rx_drop, rx_clear, rx_forget (the
+byte budget); overlap_at
 (page_hash, prefetch, the budget's stamps) -> rx_overlap, rx_overlap_batch
 (RouterIndex)
 """
