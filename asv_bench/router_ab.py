@@ -2,14 +2,15 @@
 process (as ``percall_ab.py``), so that the load of a shared machine falls
 on both alike::
 
-    python asv_bench/router_ab.py /work/main /path/to/branch [rounds]
+    python asv_bench/router_ab.py /work/main /path/to/branch [rounds] [row]
 
 Rows (CPU time, best of the rounds, the side going first alternating):
 ``apply`` of 16 workers' events from ``PrefixCache``s (own hashes, and
 engine hashes of a seed per engine) per stored block; ``apply_wire`` of
 vLLM-shaped msgpack batches (random engine hashes) per stored page, without
 and with a byte budget; ``overlap`` of a 128-page query on the built index.
-Printed: each side's best and the ratio b / a of the bests and medians.
+Printed: each side's best and the ratio b / a of the bests and medians
+(``row``: only the rows whose label holds it, e.g. ``overlap``).
 """
 
 import importlib
@@ -104,10 +105,11 @@ def rows(rs, batches):
 
 
 def main(argv):
-    if len(argv) not in (2, 3):
+    if len(argv) not in (2, 3, 4):
         print(__doc__.split("::")[1].strip().splitlines()[0], file=sys.stderr)
         return 2
-    rounds = int(argv[2]) if len(argv) == 3 else 5
+    rounds = int(argv[2]) if len(argv) >= 3 else 5
+    only = argv[3] if len(argv) == 4 else ""
     for name, checkout in zip(("radix_soa_a", "radix_soa_b"), argv[:2]):
         shutil.rmtree(HOME / name, ignore_errors=True)
         shutil.copytree(Path(checkout) / "radix_soa", HOME / name,
@@ -117,7 +119,7 @@ def main(argv):
     from bench import _vllm_shaped_batches
     mods = {n: importlib.import_module(n) for n in ("radix_soa_a", "radix_soa_b")}
     batches = _vllm_shaped_batches(np.random.default_rng(0), 16, 200, 20_000)
-    sides = {n: rows(m, batches) for n, m in mods.items()}
+    sides = {n: [r for r in rows(m, batches) if only in r[0]] for n, m in mods.items()}
     for rs_rows in sides.values():
         for _, fn, _ in rs_rows:
             fn()  # compiled (or loaded) before any timing
