@@ -57,7 +57,7 @@ def _check(state):
             or state["_pkeys"].shape not in ((n,), (0,)) or state["_pkeys"].dtype != np.uint64
             or state["_flags"].shape != (n,) or state["_flags"].dtype != np.int8
             or state["_masks"].shape != (n, words) or state["_masks"].dtype != np.int64
-            or state["_live"].shape != (words,) or table.dtype != np.int32 or slots < 1
+            or state["_live"].shape != (words,) or table.dtype != np.int32 or slots < 1 or slots & (slots - 1)
             or not isinstance(ehash, np.ndarray) or not isinstance(etable, np.ndarray)
             or ehash.dtype != np.uint64 or etable.dtype != np.int32
             or (ehash.shape, etable.shape) != (((n,), (slots,)) if state.get("_eh_on")

@@ -110,18 +110,18 @@ def _node_budget(self):
     room = self._max_bytes - fixed
     per = self._node_bytes()
     tb = self._slot_bytes()
-    best = max(0, min(96, (room - MIN_SLOTS * tb) // per))  # the smallest table
-    n = (3 * (room - tb)) // (3 * per + 4 * tb)  # nodes and _slots_for(nodes) slots
-    if n > best and per * n + tb * _slots_for(n) <= room:
-        best = n
+    best, slots = 0, MIN_SLOTS
+    while tb * slots < room:
+        best = max(best, min(3 * slots // 4, (room - tb * slots) // per))
+        slots *= 2
     self._budget_words, self._budget_nodes = (self._words, fixed), best
     return best
 
 
 def _slots_for(nodes):
-    """The fewest table slots that hold ``nodes`` at load <= 3/4 (any number
-    of slots: ``router._home``)."""
-    return max(MIN_SLOTS, -(-4 * nodes // 3))
+    """The fewest table slots (a power of two) that hold ``nodes`` at load
+    <= 3/4."""
+    return max(MIN_SLOTS, 1 << (-(-4 * nodes // 3) - 1).bit_length())
 
 def _reserve(self, new):
     """Room for ``new`` more nodes (and their table slots, load <= 3/4);
@@ -138,7 +138,7 @@ def _reserve(self, new):
     if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0] and (
             cap is None or nodes <= cap and self._memory_bytes() <= self._max_bytes):
         return
-    # nodes and the tables grow by a quarter (each copy compacts the nodes)
+    # nodes grow by a quarter, the tables double
     size = max(nodes, ids, 64)
     if ids > nodes:
         size = max(ids, nodes + nodes // 4)
@@ -147,7 +147,7 @@ def _reserve(self, new):
         _extend(self, size)  # the tables hold: node ids kept, nothing rebuilt
         return
     if 4 * (live + new) > 3 * slots:
-        slots = max(slots + slots // 4, _slots_for(live + new))
+        slots = max(2 * slots, _slots_for(live + new))
     if cap is not None:
         size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
         slots = min(slots, _slots_for(cap))  # (fewer, when the handle maps grew)
