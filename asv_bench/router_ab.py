@@ -91,6 +91,7 @@ def rows(rs, batches):
             ix = rs.RouterIndex(page_size=16, workers=[0], strict=False, max_bytes=max_bytes)
             for b in batches[0]:
                 ix.apply_wire(0, b)
+            assert ix.status(0) == "exact", ix.degraded  # lenient: a wrong lookup would degrade
         return run
 
     def overlap():
