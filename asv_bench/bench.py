@@ -1165,6 +1165,106 @@ def section_router_dynamo(repeat):
               f"per distinct block {rep['bytes_per_page']:.1f} vs {dyn_rss / len(ix):.1f}")
 
 
+def _engine_hashed(streams, seeds):
+    """``streams`` (a ``PrefixCache``'s own events per worker) with every
+    block hash replaced by an engine-like one: a keyed 64-bit hash of the
+    chained key, keyed by ``seeds[w]`` (one seed for every engine: vLLM's
+    ``sha256_cbor`` or ``PYTHONHASHSEED`` set; a seed each: vLLM's default
+    random ``NONE_HASH``), so engine hash != the index's key."""
+    import xxhash
+
+    def eh(h, seed):
+        return xxhash.xxh64_intdigest(int(h).to_bytes(8, "little"), seed) >> 1  # Dynamo: < 2**63
+
+    out = []
+    for w, evs in streams:
+        s = seeds[w]
+        conv = []
+        for e in evs:
+            if isinstance(e, radix_soa.BlockStored):
+                conv.append(radix_soa.BlockStored(
+                    [eh(h, s) for h in e.block_hashes],
+                    None if e.parent_block_hash is None else eh(e.parent_block_hash, s),
+                    e.token_ids, e.block_size, e.lora_id, e.medium, e.lora_name, e.extra_keys))
+            elif isinstance(e, radix_soa.BlockRemoved):
+                conv.append(radix_soa.BlockRemoved([eh(h, s) for h in e.block_hashes]))
+            else:
+                conv.append(e)
+        out.append((w, conv))
+    return out
+
+
+def section_router_memory(repeat):
+    """Bytes per cached (worker, page) pair of RouterIndex (memory_report,
+    handle maps included) on the router_dynamo workloads, with the events'
+    own hashes (engine hash == key: no handle entries) and with engine
+    hashes (one seed for all engines; a seed per engine), unbounded and
+    under a budget; Dynamo's RSS growth per pair beside it."""
+    import dynamo_side as DS
+
+    _warm_router()
+    rng = np.random.default_rng(0)
+    print("\n[router_memory] bytes per cached (worker, page) pair, 16 workers, "
+          "memory_report (handle maps included)")
+    workloads = [("synthetic, page 16", 16, lambda: _router_workload(16, 16, rng))]
+    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):
+        path = os.path.join(TRACES, name)
+        if os.path.exists(path):
+            workloads.append((f"Mooncake {name.split('_')[0]}, block ids", 1,
+                              lambda path=path: _mooncake_workload(path, 16)))
+        else:
+            print(f"  (Mooncake {name} not found under {TRACES}: skipped)")
+    have_dynamo = DS.available() is not None
+    seed_rng = np.random.default_rng(1)
+    for title, page, build in workloads:
+        progress(f"router_memory: {title}")
+        caches, _ = build()
+        streams = [(w, pc.take_events()) for w, pc in enumerate(caches)]
+        shared = [12345] * 16
+        own = [int(s) for s in seed_rng.integers(0, 2**63, 16)]
+        cases = [("own hashes (key)", streams),
+                 ("engine, one seed", _engine_hashed(streams, shared)),
+                 ("engine, seed each", _engine_hashed(streams, own))]
+        row = []
+        held = None
+        for label, st in cases:
+            ix = radix_soa.RouterIndex(page_size=page, workers=range(16))
+            for w, evs in st:
+                ix.apply(w, evs)
+            if held is None:
+                held = sum(len(ix.blocks_of(w)) for w in range(16))
+                print(f"  {title}: {held:,} cached (worker, page) pairs, {len(ix):,} pages "
+                      f"({held / len(ix):.2f} workers a page)")
+            rep = ix.memory_report()
+            hb = rep["arrays"]["handles"]
+            row.append(f"{label} {rep['bytes'] / held:.1f} (handles {hb / held:.1f}; "
+                       + ", ".join(f"{k} {v / held:.1f}" for k, v in rep["arrays"].items()
+                                   if v / held >= 0.05) + ")")
+            budget = rep["bytes"] // 2
+            bx = radix_soa.RouterIndex(page_size=page, workers=range(16), max_bytes=budget,
+                                       strict=False)
+            for w, evs in st:
+                bx.apply(w, evs)
+            brep = bx.memory_report()
+            row.append(f"  max_bytes {budget:,}: {brep['bytes']:,} B "
+                       f"({'within' if brep['bytes'] <= budget else 'OVER'}), handles "
+                       f"{brep['arrays']['handles']:,} B, {brep['pages']:,} pages")
+        for r in row:
+            print(f"    {r}")
+        if have_dynamo:
+            for label, st in cases[1:]:
+                try:
+                    dyn_rss = DS.rss_growth("dynamo", [(w, DS.to_dynamo(evs, page))
+                                                       for w, evs in st], page)
+                except subprocess.CalledProcessError as exc:
+                    err = (exc.stderr or "").strip().splitlines()
+                    print(f"    Dynamo RadixTree ({label}): refused the stream "
+                          f"({err[-1] if err else exc})")
+                    continue
+                print(f"    Dynamo RadixTree ({label}): {dyn_rss / held:.1f} B per pair (RSS "
+                      "growth in a fresh process)")
+
+
 def _vllm_shaped_batches(rng, page, n_batches, keep):
     """vLLM-shaped msgpack batches: per step 8 requests, each a chunked
     prefill run of 1..32 blocks and a decode block after it, then
@@ -1607,6 +1707,7 @@ SECTIONS = {"core": section_core, "batch": section_batch, "prefix": section_pref
             "dask": section_dask, "events": section_events,
             "router_dynamo": section_router_dynamo, "router_churn": section_router_churn,
             "router_wire": section_router_wire,
+            "router_memory": section_router_memory,
             "router_service": section_router_service,
             "vllm": section_vllm}
 

@@ -121,7 +121,7 @@ def warmup_router():
     >>> warmup_router().overlap([1, 2, 3, 4]).tolist()
     [4, 2]
     """
-    from ._events.kv_events import BlockStored
+    from ._events.kv_events import BlockRemoved, BlockStored
     from .router_index import RouterIndex
 
     pc = PrefixCache(page_size=2, events=True, values=False)
@@ -138,6 +138,9 @@ def warmup_router():
                                           "block_size": 2}]))
     ix.overlap_scores([1, 2, 3])
     ix.overlap_batch([[1, 2, 3], [1]])
+    other = RouterIndex(page_size=2)  # engine hashes through the object path: entries, removal
+    other.apply("c", [BlockStored([9], None, [1, 2], 2)])
+    other.apply("d", [BlockStored([8], None, [1, 2], 2), BlockRemoved([8])])
     return ix
 
 

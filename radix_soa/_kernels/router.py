@@ -3,21 +3,26 @@ worker, keyed by the page's chained hash (``chain``), with the set of
 workers holding it as a bitmask row (64 workers a word).
 
 Arrays (allocated and grown by the class): ``keys`` uint64 per node (its
-page hash; for a free node, the next free id), ``pkeys`` uint64 (the hash of
-the page before it), ``flags`` int8 (-1 free, 0 a first page, 1 a page with
-a parent), ``masks`` int64 ``[node, word]`` (bit ``c % 64`` of word
-``c // 64``: worker column ``c`` holds the page), ``table`` int32
-open-addressing slots keyed by the hash itself (already mixed), -1 empty,
-``meta`` int64 (``X_*`` slots), ``stamps`` int64 (a budgeted index only,
-else empty): per node the tick a query last walked it or a store last
-touched it, the clock in the last element. Mutation kernels assume the
-class made room first (``X_LIVE`` + the new nodes within the arrays, the
-table under the load limit).
+page hash; for a free node, the next free id), ``pkeys`` uint64 (the hash
+of the page before it; empty when keyed by tokens: a key names its parent),
+``flags`` int8 (-1 free, 0 a first page, 1 a page with a parent), ``masks``
+int64 ``[node, word]`` (bit ``c % 64`` of word ``c // 64``: worker column
+``c`` holds the page), ``table`` int32 open-addressing slots (a power of
+two) keyed by the hash itself (already mixed), -1 empty, ``meta``
+int64 (``X_*`` slots), ``ehash``/``etable`` (empty until an engine names
+pages by hashes of its own: per node the engine hash of its first holder,
+and slots as ``table``'s keyed by ``mix64`` of it; see ``router_keys``),
+``stamps`` int64 (a budgeted index only, else empty): per node the tick a
+query last walked it or a store last touched it, the clock in the last
+element. Mutation kernels assume the class made room first (``X_LIVE`` +
+the new nodes within the arrays, the tables under the load limit).
 
-Call graph (callers after their callees): rx_find; rx_classify (an event's
-pages: to add, held, unknown ...); _add_one -> rx_add; rx_store
-(rx_classify, _add_one), rx_remove (rx_classify, rx_drop): the common event
-in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
+Call graph (callers after their callees): _home, _next -> _find_from -> rx_find,
+_shift_delete -> _table_delete, _etable_delete; _etable_put -> rx_table_rebuild;
+rx_classify (an event's pages: to add, held, unknown ...); _add_one ->
+rx_add; rx_store (rx_classify, _add_one), rx_remove (rx_classify,
+rx_drop): the common event in one call; rx_drop, rx_clear, rx_forget (the
+byte budget); overlap_at
 (page_hash, prefetch, the budget's stamps) -> rx_overlap, rx_overlap_batch
 (RouterIndex)
 """
@@ -25,7 +30,7 @@ in one call; rx_drop, rx_clear, rx_forget (the byte budget); overlap_at
 import numpy as np
 
 from .chain import page_hash
-from .config import kernel, kernel_inner, kernel_nogil
+from .config import kernel, kernel_helper, kernel_inner, kernel_nogil
 from .prefetch import prefetch
 from .table import mix64
 
@@ -52,54 +57,95 @@ P_ABSENT = 1     # held by no worker (never stored, or forgotten)
 P_OTHERS = 2     # held by other workers only
 
 
+@kernel_helper
+def _home(h, nslots):
+    """The home slot of mixed hash ``h`` in ``nslots`` slots (a power of
+    two: its low bits; a multiply-shift for any size cost overlap 4-10%)."""
+    return np.int64(h & np.uint64(nslots - 1))
+
+
+@kernel_helper
+def _next(i, nslots):
+    """The slot after ``i`` (linear probing, wrapping)."""
+    return (i + 1) & (nslots - 1)
+
+
 @kernel_inner
 def rx_find(table, keys, h):
     """The live node of hash ``h``, or -1 (the table holds live nodes only)."""
-    mask = table.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
+    return _find_from(table, keys, h, _home(h, table.shape[0]))
+
+
+@kernel_inner
+def _find_from(table, keys, h, i):  # rx_find from slot i, the home of h
+    nslots = table.shape[0]
     while True:
         v = table[i]
         if v < 0:
             return -1
         if keys[v] == h:
             return v
-        i = (i + 1) & mask
+        i = _next(i, nslots)
 
 
 @kernel_inner
 def _table_delete(table, keys, v):
     """Remove node ``v`` from the table (backward-shift deletion)."""
-    mask = table.shape[0] - 1
-    i = np.int64(keys[v] & np.uint64(mask))
-    while table[i] != v:
-        i = (i + 1) & mask
+    _shift_delete(table, keys, v, False)
+
+
+@kernel_inner
+def _shift_delete(tab, hashes, v, mixed):
+    """Remove node ``v`` from ``tab``, slots keyed by ``hashes`` (``mix64``
+    of them if ``mixed``): backward-shift deletion, no tombstones."""
+    nslots = tab.shape[0]
+    i = _home(mix64(hashes[v]) if mixed else hashes[v], nslots)
+    while tab[i] != v:
+        i = _next(i, nslots)
     j = i
     while True:
-        j = (j + 1) & mask
-        c = table[j]
+        j = _next(j, nslots)
+        c = tab[j]
         if c < 0:
             break
-        home = np.int64(keys[c] & np.uint64(mask))
+        home = _home(mix64(hashes[c]) if mixed else hashes[c], nslots)
         if i <= j:
             movable = home <= i or home > j
         else:
             movable = home <= i and home > j
         if movable:
-            table[i] = c
+            tab[i] = c
             i = j
-    table[i] = -1
+    tab[i] = -1
 
 
 @kernel
-def rx_table_rebuild(table, keys, flags, end):
-    """Fill ``table`` (all -1) with every live node below ``end``."""
-    mask = table.shape[0] - 1
+def rx_table_rebuild(table, keys, flags, end, etable, ehash):
+    """Fill ``table`` and ``etable`` (all -1; if ``ehash`` is not empty)
+    with every live node below ``end``."""
+    nslots = table.shape[0]
+    both = ehash.shape[0] > 0
     for v in range(end):
         if flags[v] >= 0:
-            i = np.int64(keys[v] & np.uint64(mask))
+            i = _home(keys[v], nslots)
             while table[i] >= 0:
-                i = (i + 1) & mask
+                i = _next(i, nslots)
             table[i] = v
+            if both:
+                _etable_put(etable, ehash, v)
+
+@kernel_inner
+def _etable_put(etable, ehash, v):  # (the table is not full: load <= 3/4)
+    nslots = etable.shape[0]
+    j = _home(mix64(ehash[v]), nslots)
+    while etable[j] >= 0:
+        j = _next(j, nslots)
+    etable[j] = v
+
+
+@kernel_inner
+def _etable_delete(etable, ehash, v):
+    _shift_delete(etable, ehash, v, True)
 
 
 @kernel_inner
@@ -108,9 +154,11 @@ def _held(masks, v, word, bit):
 
 
 @kernel_inner
-def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp):
+def _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, h, before, hasp,
+             e):
     """Give worker ``(word, bit)`` page ``h`` (after page ``before`` if
-    ``hasp``), making its node if it is not there; the node."""
+    ``hasp``; engine hash ``e``, kept when ``ehash`` is not empty), making
+    its node if it is not there; the node."""
     v = rx_find(table, keys, h)
     if v < 0:
         v = meta[X_FREE]
@@ -120,14 +168,18 @@ def _add_one(table, keys, pkeys, flags, masks, meta, word, bit, h, before, hasp)
             v = meta[X_END]
             meta[X_END] = v + 1
         keys[v] = h
-        pkeys[v] = before
+        if pkeys.shape[0] > 0:
+            pkeys[v] = before
         flags[v] = hasp
+        if ehash.shape[0] > 0:
+            ehash[v] = e
+            _etable_put(etable, ehash, v)
         for w in range(masks.shape[1]):
             masks[v, w] = 0
-        mask = table.shape[0] - 1
-        j = np.int64(h & np.uint64(mask))
+        nslots = table.shape[0]
+        j = _home(h, nslots)
         while table[j] >= 0:
-            j = (j + 1) & mask
+            j = _next(j, nslots)
         table[j] = v
         meta[X_LIVE] += 1
     masks[v, word] |= bit
@@ -145,15 +197,17 @@ def _tick(stamps):
 
 
 @kernel
-def rx_add(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp, stamps):
+def rx_add(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+           hasp, ehs, stamps):
     """Give worker ``(word, bit)`` the pages ``hashes`` (the page before
-    each in ``parents``, ``hasp`` 1 if it has one), making the nodes not
+    each in ``parents``, ``hasp`` 1 if it has one, the engine hash of each
+    in ``ehs``: used when ``ehash`` is not empty), making the nodes not
     there yet, and stamping them (``stamps`` not empty: see ``TICK``).
     Unchecked: ``rx_classify`` first."""
     clock = _tick(stamps)
     for i in range(hashes.shape[0]):
-        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], parents[i],
-                     hasp[i])
+        v = _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes[i],
+                     parents[i], hasp[i], ehs[i] if ehs.shape[0] > 0 else hashes[i])
         if stamps.shape[0] > 0:
             stamps[v] = clock - min(i, TICK - 1)
 
@@ -211,7 +265,8 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
             before = parent if i == 0 else hashes[i - 1]
             if repeat or (v >= 0 and _held(masks, v, word, bit)):
                 codes[i] = C_HELD
-            elif v >= 0 and ((flags[v] == 1) != hasp or (hasp and pkeys[v] != before)):
+            elif v >= 0 and ((flags[v] == 1) != hasp or (
+                    hasp and pkeys.shape[0] > 0 and pkeys[v] != before)):
                 codes[i] = C_MISMATCH
             else:
                 codes[i] = C_OK
@@ -234,11 +289,12 @@ def rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has
 
 
 @kernel
-def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, has_parent,
-             stamps, codes, seen):
+def rx_store(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, ehs,
+             parent, has_parent, stamps, codes, seen):
     """The common stored run in one call: ``rx_classify`` it and, when the
     worker holds its parent and every page is ``C_OK``, add it
-    (``rx_add``; room made first). Returns ``(parent status, index of the
+    (``rx_add``; ``ehs`` their engine hashes, or empty: their keys; room
+    made first). Returns ``(parent status, index of the
     first page not C_OK or -1)``; anything but ``(P_HELD, -1)`` changed
     nothing."""
     where = rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, parent, has_parent,
@@ -252,7 +308,8 @@ def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, 
     clock = _tick(stamps)
     before, hasp = parent, np.int8(1 if has_parent else 0)
     for i in range(n):
-        v = _add_one(table, keys, pkeys, flags, masks, meta, word, bit, hashes[i], before, hasp)
+        v = _add_one(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes[i],
+                     before, hasp, ehs[i] if ehs.shape[0] > 0 else hashes[i])
         if stamps.shape[0] > 0:
             stamps[v] = clock - min(i, TICK - 1)
         before, hasp = hashes[i], np.int8(1)
@@ -260,23 +317,24 @@ def rx_store(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parent, 
 
 
 @kernel
-def rx_remove(table, keys, pkeys, flags, masks, meta, word, bit, hashes, codes, parents, hasp,
-              seen):
+def rx_remove(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, codes,
+              parents, hasp, ehs, seen):
     """The common removal in one call: ``rx_classify`` it and, when the
     worker holds every page, take them (``rx_drop``, their parents to
-    ``parents``/``hasp``). Returns the index of the first page not
+    ``parents``/``hasp``, their engine hashes to ``ehs``). Returns the index of the first page not
     ``C_OK`` (nothing changed), or -1."""
     rx_classify(table, keys, pkeys, flags, masks, word, bit, hashes, np.uint64(0), False, False,
                 codes, seen)
     for i in range(hashes.shape[0]):
         if codes[i] != C_OK:
             return i
-    rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp)
+    rx_drop(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+            hasp, ehs)
     return -1
 
 
 @kernel
-def rx_forget(table, keys, flags, masks, meta, victims, forgot):
+def rx_forget(table, keys, flags, masks, meta, etable, ehash, victims, forgot):
     """Forget the live nodes ``victims`` for every worker (the budget),
     counting per worker column in ``forgot`` the pages it held."""
     for i in range(victims.shape[0]):
@@ -288,16 +346,18 @@ def rx_forget(table, keys, flags, masks, meta, victims, forgot):
                     if (m >> j) & 1:
                         forgot[w * 64 + j] += 1
                 masks[v, w] = 0
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
 
 
 @kernel_inner
-def _release(table, keys, flags, masks, meta, v):
+def _release(table, keys, flags, masks, meta, etable, ehash, v):
     """Free node ``v`` if no worker holds it any more."""
     for w in range(masks.shape[1]):
         if masks[v, w] != 0:
             return
     _table_delete(table, keys, v)
+    if ehash.shape[0] > 0:
+        _etable_delete(etable, ehash, v)
     flags[v] = -1
     keys[v] = np.uint64(meta[X_FREE])
     meta[X_FREE] = v
@@ -305,33 +365,37 @@ def _release(table, keys, flags, masks, meta, v):
 
 
 @kernel
-def rx_drop(table, keys, pkeys, flags, masks, meta, word, bit, hashes, parents, hasp):
+def rx_drop(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, hashes, parents,
+            hasp, ehs):
     """Take the pages ``hashes`` from worker ``(word, bit)`` (unchecked:
     ``rx_classify`` first), writing each one's parent to ``parents`` /
-    ``hasp`` (to undo it with ``rx_add``)."""
+    ``hasp`` and its engine hash to ``ehs`` (to undo it with ``rx_add``)."""
     for i in range(hashes.shape[0]):
         v = rx_find(table, keys, hashes[i])
-        parents[i] = pkeys[v]
+        parents[i] = pkeys[v] if pkeys.shape[0] > 0 else 0
         hasp[i] = flags[v]
+        ehs[i] = ehash[v] if ehash.shape[0] > 0 else hashes[i]
         masks[v, word] &= ~bit
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
 
 
 @kernel
-def rx_clear(table, keys, pkeys, flags, masks, meta, word, bit, out, parents, hasp):
-    """Take every page from worker ``(word, bit)``; what it held goes to
-    ``out`` / ``parents`` / ``hasp`` (``X_LIVE`` long). Returns how many."""
+def rx_clear(table, keys, pkeys, flags, masks, meta, etable, ehash, word, bit, out, parents,
+             hasp, ehs):
+    """Take every page from worker ``(word, bit)``, what it held to ``out``
+    / ``parents`` / ``hasp`` / ``ehs`` (``X_LIVE`` long); how many."""
     n = 0
     for v in range(meta[X_END]):
         if flags[v] >= 0 and _held(masks, v, word, bit):
             out[n] = keys[v]
-            parents[n] = pkeys[v]
+            parents[n] = pkeys[v] if pkeys.shape[0] > 0 else 0
             hasp[n] = flags[v]
+            ehs[n] = ehash[v] if ehash.shape[0] > 0 else keys[v]
             n += 1
     for i in range(n):
         v = rx_find(table, keys, out[i])
         masks[v, word] &= ~bit
-        _release(table, keys, flags, masks, meta, v)
+        _release(table, keys, flags, masks, meta, etable, ehash, v)
     return n
 
 
@@ -343,19 +407,17 @@ def rx_overlap(table, keys, masks, q, page, seed, live, res, hkeys, stamps):
 
 @kernel_inner
 def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stamps):
-    """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]``
-    it holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of
-    each word of ``live``, then a word of scratch per word, then the
-    group's scratch). The pages' keys are their chained ``page_hash`` from
-    ``seed``, or ``hkeys`` when it is not empty (one per page, hashed by the
-    caller: ``sha256_cbor``). ``GROUP`` pages at a time: their hashes first,
-    each one's table slot prefetched, then each slot's node (its key and
-    mask row prefetched), then the walk, so a large index's misses overlap
-    instead of following one another. With ``stamps`` (not empty) the clock
-    ticks and every page the walk finds is stamped (``TICK``): the budget's
-    recency. ``rx_overlap_batch`` runs beside other readers, so two may
-    race on a stamp or the clock: a lost write leaves a page a few ticks
-    older, never a wrong answer."""
+    """Per worker column, the leading whole-page tokens of ``q[qs:qs+qn]`` it
+    holds, into ``res`` (``65 * words + 2 * GROUP`` int64: the 64 columns of each
+    word of ``live``, a word of scratch per word, the group's scratch). The
+    keys: the chained ``page_hash`` from ``seed``, or ``hkeys`` if not empty
+    (``sha256_cbor``, hashed by the caller). ``GROUP`` pages at a time: their
+    hashes and home slots (prefetched), each slot's node (key and mask row
+    prefetched), then the walk, so a large index's misses overlap. With
+    ``stamps`` (not empty) the clock ticks and each page found is stamped
+    (``TICK``). ``rx_overlap_batch`` runs beside other readers: two may race
+    on a stamp or the clock, leaving a page a few ticks older, never an
+    answer wrong."""
     words = masks.shape[1]
     stamped = stamps.shape[0] > 0
     clock = np.int64(0)
@@ -372,21 +434,22 @@ def overlap_at(table, keys, masks, q, qs, qn, page, seed, live, res, hkeys, stam
     h = seed
     npages = qn // page
     given = hkeys.shape[0] > 0
-    mask = table.shape[0] - 1
+    nslots = table.shape[0]
     i = 0
     while i < npages and left != 0:
         g = min(GROUP, npages - i)
         for j in range(g):
             h = hkeys[i + j] if given else page_hash(h, q, qs + (i + j) * page, page)
             group[j] = np.int64(h)
-            prefetch(table, np.int64(h & np.uint64(mask)))
+            found[j] = _home(h, nslots)
+            prefetch(table, found[j])
         for j in range(g):
-            c = table[np.int64(np.uint64(group[j]) & np.uint64(mask))]
+            c = table[found[j]]
             if c >= 0:
                 prefetch(keys, c)
                 prefetch(masks[c], 0)
         for j in range(g):
-            found[j] = rx_find(table, keys, np.uint64(group[j]))
+            found[j] = _find_from(table, keys, np.uint64(group[j]), found[j])
         for j in range(g):
             v = found[j]
             if v < 0:

@@ -12,7 +12,7 @@ from .._tree.base import ReadersWriter
 from .._events.block_hash import check_event_hash, none_hash
 from .._events.kv_events import namespace_seed
 from .._input.validate import MAX_PAGE, check_int
-from . import events, queries, storage, wire, workers as workers_
+from . import events, queries, state, storage, wire, workers as workers_
 from .queries import OverlapReport, SEEDS_KEPT
 from .storage import MIN_BYTES
 from .._kernels.router import X_LIVE
@@ -163,6 +163,7 @@ class RouterIndex(ReadersWriter):
         self._seq = {}         # worker id -> the last seq applied
         self._forgotten = 0    # pages the budget forgot, since creation
         self._words = 1
+        self._eh_on = False    # nodes keep their engine hash (``_ehash_on``)
         self._budget_words = self._budget_nodes = 0  # _node_budget's cache
         self._live = np.zeros(1, np.int64)  # bitmask of the live columns
         self._forgot = np.zeros(64, np.int64)  # per column: pages forgotten it still holds
@@ -189,7 +190,14 @@ class RouterIndex(ReadersWriter):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.setdefault("_syncing", {})  # pickled before syncing existed
+        if "_ehash" not in self.__dict__:  # pickled before engine hashes were kept per node
+            self.__dict__.update({"_eh_on": False, "_ehash": np.zeros(0, np.uint64),
+                                  "_etable": np.zeros(0, np.int32)})
         self._init_lock()
+
+    # ------------------------------------------------------------ state (state.py)
+    export_state = state.export_state
+    from_state = state.from_state
 
     # ------------------------------------------------------------ storage (storage.py)
     _alloc = storage._alloc
@@ -209,6 +217,11 @@ class RouterIndex(ReadersWriter):
     _handle_bytes = storage._handle_bytes
     _handle_put = storage._handle_put
     _handle_del = storage._handle_del
+    _handle_note = storage._handle_note
+    _ehash_on = storage._ehash_on
+    _slot_bytes = storage._slot_bytes
+    _memory_bytes = storage._memory_bytes
+    _fit = storage._fit
 
     # ------------------------------------------------------------ events (events.py)
     _parse = events._parse

@@ -87,6 +87,7 @@ def apply(self, worker, events, *, strict=None, seq=None):
             self._register(worker, col)
         if seq is not None:
             self._seq[worker] = seq
+        self._fit()
 
 
 def _seq_check(self, worker, seq, strict):
@@ -187,6 +188,7 @@ def apply_snapshot(self, worker, events, *, seq=None):
             self._seq[worker] = seq
         else:
             self._seq.pop(worker, None)
+        self._fit()
 
 def _apply_one(self, i, col, worker, e, undo):
     """Apply event ``e`` (the ``i``-th of the call) for ``worker``:
@@ -207,37 +209,45 @@ def _apply_one(self, i, col, worker, e, undo):
     has_parent = stored and e.parent_block_hash is not None
     if self._none_hash is not None:  # keyed by the engine's hash itself
         parent = np.uint64(key64(e.parent_block_hash) if has_parent else 0)
-        return self._apply_keys(i, col, worker, e, undo, self._keys_of(e.block_hashes),
-                                parent, has_parent)
+        hashes = self._keys_of(e.block_hashes)
+        return self._apply_keys(i, col, worker, e, undo, hashes, parent, has_parent, hashes)
     # keyed by their tokens: the engine's hashes are handles
     handles = self._keys_of(e.block_hashes)
     hk, hv, _ = self._hmaps[col]
+    n = handles.shape[0]
     if not stored:
-        keys = np.empty(handles.shape[0], np.uint64)
-        had = np.empty(handles.shape[0], np.int8)
-        hx.hx_keys(hk, hv, handles, keys, had)
-        problem = self._apply_keys(i, col, worker, e, undo, keys, np.uint64(0), False)
+        keys = np.empty(n, np.uint64)
+        had = np.empty(n, np.int8)
+        hx.hx_keys(hk, hv, self._etable, self._ehash, self._table, self._keys, self._masks, w,
+                   bit, handles, keys, had)
+        problem = self._apply_keys(i, col, worker, e, undo, keys, np.uint64(0), False, handles)
         self._handle_del(col, handles)
         if undo is not None:
             undo.append((_HPUT, col, handles[had == 1], keys[had == 1]))
         return problem
     if has_parent:
-        parent = np.uint64(hx.hx_key(hk, hv, np.uint64(key64(e.parent_block_hash))))
+        parent = np.uint64(hx.hx_key(hk, hv, self._etable, self._ehash, self._table,
+                                     self._keys, self._masks, w, bit,
+                                     np.uint64(key64(e.parent_block_hash))))
     else:
         parent = self._seed(e.namespace)
-    keys = np.empty(handles.shape[0], np.uint64)
+    keys = np.empty(n, np.uint64)
     hx.token_keys(self._tokens_of(e), 0, self._page, parent, self._extras(e), keys)
-    problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent)
-    if not np.array_equal(handles, keys):
-        self._handle_put(col, handles, keys)
-        if undo is not None:
-            undo.append((_HDEL, col, handles))
+    if not self._eh_on and not np.array_equal(handles, keys):
+        self._ehash_on()
+    problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent, handles)
+    if not (self._eh_on or self._hmaps[col][2]):
+        return problem  # every hash is its key: no entries, none to drop
+    if undo is not None:  # (pages new to the worker: it had no entry of these hashes,
+        undo.append((_HDEL, col, handles))  # but for one engine naming two pages alike)
+    self._handle_note(col, handles, keys)
     return problem
 
 
-def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
+def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent, ehs):
     """``_apply_one`` of a stored run or removal whose pages' keys are
-    ``hashes`` (a stored run's after the page of key ``parent``)."""
+    ``hashes`` (a stored run's after the page of key ``parent``), named by
+    the worker ``ehs``."""
     w, bit = self._bit(col)
     n = hashes.shape[0]
     codes = np.empty(n, np.int8)
@@ -247,16 +257,19 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
     if not stored:
         parents = np.empty(n, np.uint64)
         hasp = np.empty(n, np.int8)
-        if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                        self._meta, w, bit, hashes, codes, parents, hasp, self._seen_for(n)) < 0:
+        olds = np.empty(n, np.uint64)
+        if router_kernels.rx_remove(self._table, self._keys, self._pkeys, self._flags,
+                                    self._masks, self._meta, self._etable, self._ehash, w, bit,
+                                    hashes, codes, parents, hasp, olds, self._seen_for(n)) < 0:
             if undo is not None:
-                undo.append((_ADD, w, bit, hashes, parents, hasp))
+                undo.append((_ADD, w, bit, hashes, parents, hasp, olds))
             return None
     elif cap is None or n <= cap:
         self._reserve(n)
         where, bad = router_kernels.rx_store(self._table, self._keys, self._pkeys, self._flags,
-                                 self._masks, self._meta, w, bit, hashes, parent, has_parent,
-                                 self._stamps, codes, self._seen_for(n))
+                                             self._masks, self._meta, self._etable, self._ehash,
+                                             w, bit, hashes, ehs, parent, has_parent,
+                                             self._stamps, codes, self._seen_for(n))
         if where == router_kernels.P_HELD and bad < 0:
             if undo is not None:
                 undo.append((_DROP, w, bit, hashes))
@@ -281,11 +294,13 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
         held = hashes[codes == router_kernels.C_OK]
         parents = np.empty(held.shape[0], np.uint64)
         hasp = np.empty(held.shape[0], np.int8)
+        olds = np.empty(held.shape[0], np.uint64)
         router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                   self._meta, w, bit, held, parents, hasp)
+                               self._meta, self._etable, self._ehash, w, bit, held, parents,
+                               hasp, olds)
         if undo is not None:
             undo.append((_FORGOT, col, forgot))
-            undo.append((_ADD, w, bit, held, parents, hasp))
+            undo.append((_ADD, w, bit, held, parents, hasp, olds))
         return problem
     problem = None
     if where != router_kernels.P_HELD and forgot == 0:  # else: under a page the budget forgot?
@@ -310,12 +325,12 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent):
         parents[1:] = hashes[:-1]
         hasp[0] = 1 if has_parent else 0
     keep = codes == router_kernels.C_OK
-    hashes, parents, hasp = hashes[keep], parents[keep], hasp[keep]
+    hashes, parents, hasp, ehs = hashes[keep], parents[keep], hasp[keep], ehs[keep]
     if cap is not None and hashes.shape[0] > cap:  # a run past the budget: its tail forgotten
         self._forgot[col] += hashes.shape[0] - cap
         self._forgotten += hashes.shape[0] - cap
-        hashes, parents, hasp = hashes[:cap], parents[:cap], hasp[:cap]
-    self._add(w, bit, hashes, parents, hasp)
+        hashes, parents, hasp, ehs = hashes[:cap], parents[:cap], hasp[:cap], ehs[:cap]
+    self._add(w, bit, hashes, parents, hasp, ehs)
     if undo is not None:
         undo.append((_FORGOT, col, forgot))
         undo.append((_DROP, w, bit, hashes))
@@ -380,10 +395,13 @@ def _undo(self, steps):
         else:  # a run of events apply_wire's kernel applied
             self._undo_run(*step[1:])
 
-def _add(self, w, bit, hashes, parents, hasp):
+def _add(self, w, bit, hashes, parents, hasp, ehs=_NO_EXTRAS):
+    """Give worker ``(w, bit)`` the pages ``hashes`` (``rx_add``; ``ehs``
+    their engine hashes, empty: their keys)."""
     self._reserve(hashes.shape[0])
-    router_kernels.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
-              bit, hashes, parents, hasp, self._stamps)
+    router_kernels.rx_add(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                          self._meta, self._etable, self._ehash, w, bit, hashes, parents, hasp,
+                          ehs, self._stamps)
 
 def _drop_held(self, w, bit, hashes):
     """Take from worker ``(w, bit)`` those of ``hashes`` it still holds
@@ -394,15 +412,18 @@ def _drop_held(self, w, bit, hashes):
     held = hashes[codes == router_kernels.C_OK]
     parents = np.empty(held.shape[0], np.uint64)
     hasp = np.empty(held.shape[0], np.int8)
-    router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w,
-               bit, held, parents, hasp)
+    router_kernels.rx_drop(self._table, self._keys, self._pkeys, self._flags, self._masks,
+                           self._meta, self._etable, self._ehash, w, bit, held, parents, hasp,
+                           np.empty(held.shape[0], np.uint64))
 
 def _clear(self, w, bit, undo=None):
     live = int(self._meta[router_kernels.X_LIVE])
     out = np.empty(live, np.uint64)
     parents = np.empty(live, np.uint64)
     hasp = np.empty(live, np.int8)
+    olds = np.empty(live, np.uint64)
     n = router_kernels.rx_clear(self._table, self._keys, self._pkeys, self._flags, self._masks,
-                    self._meta, w, bit, out, parents, hasp)
+                                self._meta, self._etable, self._ehash, w, bit, out, parents, hasp,
+                                olds)
     if undo is not None:
-        undo.append((_ADD, w, bit, out[:n], parents[:n], hasp[:n]))
+        undo.append((_ADD, w, bit, out[:n], parents[:n], hasp[:n], olds[:n]))

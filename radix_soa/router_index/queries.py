@@ -237,8 +237,9 @@ def blocks_of(self, worker):
         end = int(self._meta[router_kernels.X_END])
         held = (self._flags[:end] >= 0) & ((self._masks[:end, w] & bit) != 0)
         keys = self._keys[:end][held].tolist()
+        own = self._ehash[:end][held].tolist() if self._ehash.shape[0] else keys
         hk, hv, _ = self._hmaps[col]
         used = hk != 0
         engine = {v: (0 if k == int(ZERO) else k)
                   for k, v in zip(hk[used].tolist(), hv[used].tolist())}
-        return sorted(engine.get(k, k) for k in keys)
+        return sorted(engine.get(k, d) for k, d in zip(keys, own))

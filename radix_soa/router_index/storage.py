@@ -12,39 +12,88 @@ from .._kernels import router_keys as hx
 
 _NO_SLOTS = np.zeros(0, np.uint64)
 MIN_BYTES = 4096  # the smallest max_bytes: room for a table and a few dozen pages
+MIN_SLOTS = 128   # the smallest table
 
 
 def _alloc(self, nodes, slots, old=None):
     """Fresh arrays of ``nodes`` nodes and ``slots`` table slots, holding
-    the live nodes of ``old`` (compacted) and the table rebuilt."""
+    the live nodes of ``old`` (compacted) and the tables rebuilt.
+    ``pkeys`` only where pages are keyed by an engine's hash (keyed by
+    tokens, a key names its parent already); ``ehash`` and ``etable``
+    once an engine hash has differed from its page's key (``_ehash_on``)."""
     keys = np.zeros(nodes, np.uint64)
-    pkeys = np.zeros(nodes, np.uint64)
+    pkeys = np.zeros(nodes if self._none_hash is not None else 0, np.uint64)
+    ehash = np.zeros(nodes if self.__dict__.get("_eh_on") else 0, np.uint64)
     flags = np.full(nodes, -1, np.int8)
     masks = np.zeros((nodes, self._words), np.int64)
     stamps = np.zeros(0 if self._max_bytes is None else nodes + 1, np.int64)
     meta = np.zeros(router_kernels.X_SIZE, np.int64)
     meta[router_kernels.X_FREE] = -1
-    if old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
-        ids = np.flatnonzero(old["flags"][:int(old["meta"][router_kernels.X_END])] >= 0)
+    end = 0 if old is None else int(old["meta"][router_kernels.X_END])
+    if old is not None and self._max_bytes is None and end <= nodes:
+        # unbudgeted: every id kept (free ones stay on the free list), no gather
+        keys[:end], flags[:end] = old["keys"][:end], old["flags"][:end]
+        if pkeys.shape[0]:
+            pkeys[:end] = old["pkeys"][:end]
+        if ehash.shape[0]:
+            ehash[:end] = old["ehash"][:end] if old["ehash"].shape[0] else old["keys"][:end]
+        masks[:end, :old["masks"].shape[1]] = old["masks"][:end]
+        meta[:] = old["meta"]
+    elif old is not None:  # the live nodes, renumbered 0.. (free ids dropped)
+        ids = np.flatnonzero(old["flags"][:end] >= 0)
         n = ids.shape[0]
-        keys[:n], pkeys[:n], flags[:n] = old["keys"][ids], old["pkeys"][ids], old["flags"][ids]
+        keys[:n], flags[:n] = old["keys"][ids], old["flags"][ids]
+        if pkeys.shape[0]:
+            pkeys[:n] = old["pkeys"][ids]
+        if ehash.shape[0]:
+            ehash[:n] = old["ehash"][ids] if old["ehash"].shape[0] else old["keys"][ids]
         masks[:n, :old["masks"].shape[1]] = old["masks"][ids]
         if stamps.shape[0]:
             stamps[:n] = old["stamps"][ids]
             stamps[-1] = old["stamps"][-1]  # the clock
         meta[router_kernels.X_END] = meta[router_kernels.X_LIVE] = n
     table = np.full(slots, -1, np.int32)
-    router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]))
+    etable = np.full(slots if ehash.shape[0] else 0, -1, np.int32)
+    router_kernels.rx_table_rebuild(table, keys, flags, int(meta[router_kernels.X_END]), etable,
+                                    ehash)
     self.__dict__.update({"_keys": keys, "_pkeys": pkeys, "_flags": flags, "_masks": masks,
-                          "_stamps": stamps, "_meta": meta, "_table": table})
+                          "_stamps": stamps, "_meta": meta, "_table": table,
+                          "_ehash": ehash, "_etable": etable})
+
+
+def _ehash_on(self):
+    """Keep each node's engine hash from now on (the first time an engine
+    names a page otherwise than by its key): every live node's is its key
+    (no worker has an entry for it), and the table to find them by it."""
+    if self._eh_on:
+        return
+    self._eh_on = True
+    self._budget_words = None  # wider nodes: the budget's cache is stale
+    if self._max_bytes is not None:
+        cap = self._node_budget()
+        live = int(self._meta[router_kernels.X_LIVE])
+        if live > cap:
+            self._forget(live - cap)
+        self._alloc(min(self._keys.shape[0], cap), self._table.shape[0], self._arrays())
+    else:
+        self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
+
 
 def _arrays(self):
     return {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
-            "masks": self._masks, "stamps": self._stamps, "meta": self._meta}
+            "masks": self._masks, "stamps": self._stamps, "meta": self._meta,
+            "ehash": self._ehash}
 
 def _node_bytes(self):
-    """Bytes per node of the node arrays (keys, pkeys, flags, masks, stamps)."""
-    return 17 + 8 * self._words + (0 if self._max_bytes is None else 8)
+    """Bytes per node of the node arrays (keys, flags, masks; pkeys,
+    ehash, stamps where there are)."""
+    return (9 + 8 * self._words + (0 if self._max_bytes is None else 8)
+            + (8 if self._none_hash is not None else 0) + (8 if self._eh_on else 0))
+
+
+def _slot_bytes(self):
+    """Bytes per slot of the tables (``table``, and ``etable`` beside it)."""
+    return 8 if self._eh_on else 4
 
 def _fixed_bytes(self):
     """The bytes beside the node arrays: meta, the columns' words, the
@@ -60,12 +109,19 @@ def _node_budget(self):
         return self._budget_nodes
     room = self._max_bytes - fixed
     per = self._node_bytes()
-    best, slots = 0, 128
-    while 4 * slots < room:
-        best = max(best, min(3 * slots // 4, (room - 4 * slots) // per))
+    tb = self._slot_bytes()
+    best, slots = 0, MIN_SLOTS
+    while tb * slots < room:
+        best = max(best, min(3 * slots // 4, (room - tb * slots) // per))
         slots *= 2
     self._budget_words, self._budget_nodes = (self._words, fixed), best
     return best
+
+
+def _slots_for(nodes):
+    """The fewest table slots (a power of two) that hold ``nodes`` at load
+    <= 3/4."""
+    return max(MIN_SLOTS, 1 << (-(-4 * nodes // 3) - 1).bit_length())
 
 def _reserve(self, new):
     """Room for ``new`` more nodes (and their table slots, load <= 3/4);
@@ -79,18 +135,51 @@ def _reserve(self, new):
     live = int(meta[router_kernels.X_LIVE])
     nodes = self._keys.shape[0]
     ids = max(int(meta[router_kernels.X_END]), live + new)  # free ids are reused first
-    if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0]:
+    if ids <= nodes and 4 * (live + new) <= 3 * self._table.shape[0] and (
+            cap is None or nodes <= cap and self._memory_bytes() <= self._max_bytes):
         return
-    # nodes grow by a quarter (each copy compacts them), the table doubles
+    # nodes grow by a quarter, the tables double
     size = max(nodes, ids, 64)
     if ids > nodes:
         size = max(ids, nodes + nodes // 4)
     slots = self._table.shape[0]
-    while 4 * (live + new) > 3 * slots:
-        slots *= 2
+    if cap is None and 4 * (live + new) <= 3 * slots:
+        _extend(self, size)  # the tables hold: node ids kept, nothing rebuilt
+        return
+    if 4 * (live + new) > 3 * slots:
+        slots = max(2 * slots, _slots_for(live + new))
     if cap is not None:
         size = min(size, cap)  # the copy renumbers the live nodes: live + new <= cap
+        slots = min(slots, _slots_for(cap))  # (fewer, when the handle maps grew)
     self._alloc(size, slots, self._arrays())
+
+
+def _extend(self, nodes):
+    """The node arrays ``nodes`` long (unbudgeted: no stamps), every id
+    kept, so the tables stay as they are."""
+    n = self._keys.shape[0]
+
+    def grown(a, fill=0):
+        out = np.full((nodes,) + a.shape[1:], fill, a.dtype)
+        out[:n] = a
+        return out
+
+    self._keys, self._flags, self._masks = (grown(self._keys), grown(self._flags, -1),
+                                            grown(self._masks))
+    if self._pkeys.shape[0]:
+        self._pkeys = grown(self._pkeys)
+    if self._ehash.shape[0]:
+        self._ehash = grown(self._ehash)
+
+
+def _fit(self):
+    """Under a budget, the index's bytes back within ``max_bytes`` after a
+    handle map grew (fewer nodes fit beside it): forget and compact."""
+    if self._max_bytes is None:
+        return
+    if self._memory_bytes() <= self._max_bytes:
+        return
+    self._reserve(0)
 
 def _forget(self, n):
     """Forget the ``n`` live pages queries walked least recently, for
@@ -102,9 +191,16 @@ def _forget(self, n):
         return
     if n < ids.shape[0]:
         ids = ids[np.argpartition(self._stamps[ids], n - 1)[:n]]
+    gone = self._keys[ids]
     router_kernels.rx_forget(self._table, self._keys, self._flags, self._masks, self._meta,
-                 ids.astype(np.int64), self._forgot)
+                             self._etable, self._ehash, ids.astype(np.int64), self._forgot)
     self._forgotten += n
+    for col, m in self._hmaps.items():  # the workers' handles of the pages forgotten
+        if m[2]:
+            used = m[0] != 0
+            drop = used & np.isin(m[1], gone)
+            if drop.any():
+                self._hmaps[col] = _handles_of(m[0][used & ~drop], m[1][used & ~drop])
 
 def _column(self, worker, create):
     """The column of ``worker`` (a checked id); with ``create``, a free
@@ -166,6 +262,7 @@ def memory_report(self):
     with self._lock:
         arrays = {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
                   "masks": self._masks, "stamps": self._stamps, "table": self._table,
+                  "ehash": self._ehash, "etable": self._etable,
                   "meta": self._meta, "live": self._live, "forgot": self._forgot}
         sizes = {k: int(a.nbytes) for k, a in arrays.items()}
         sizes["handles"] = self._handle_bytes()
@@ -176,6 +273,27 @@ def memory_report(self):
                 "node_capacity": int(self._keys.shape[0]),
                 "table_slots": int(self._table.shape[0]), "max_bytes": self._max_bytes,
                 "forgotten_pages": self._forgotten, "arrays": sizes}
+
+
+def _memory_bytes(self):
+    """The bytes of every array ``memory_report`` counts (no lock taken)."""
+    return (sum(int(a.nbytes) for a in (
+        self._keys, self._pkeys, self._flags, self._masks, self._stamps, self._table,
+        self._ehash, self._etable, self._meta, self._live, self._forgot))
+        + self._handle_bytes())
+
+
+def _handles_of(ks, vs):
+    """A handle map holding the entries ``ks`` -> ``vs`` (stored forms)."""
+    n = ks.shape[0]
+    if n == 0:
+        return [_NO_SLOTS, _NO_SLOTS, 0]
+    size = 8
+    while 4 * n > 3 * size:
+        size *= 2
+    nk, nv = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
+    hx.hx_rebuild(nk, nv, ks, vs)
+    return [nk, nv, n]
 
 
 def _new_handles(self):
@@ -205,6 +323,20 @@ def _handle_put(self, col, es, vs):
     """Give column ``col``'s handle map the pairs ``es`` -> ``vs``."""
     m = self._handle_room(col, es.shape[0])
     m[2] += hx.hx_put_all(m[0], m[1], es, vs)
+
+
+def _handle_note(self, col, es, ks):
+    """Column ``col`` now holds the pages of keys ``ks`` under engine
+    hashes ``es`` (``hx_note``: entries only where a hash is not the
+    page's default)."""
+    m = self._hmaps[col]
+    change, need = hx.hx_note_room(self._table, self._keys, self._etable, self._ehash, m[0],
+                                   m[1], es, ks, m[2])
+    if need:
+        m = self._handle_room(col, need - m[2])
+        change = hx.hx_note(self._table, self._keys, self._etable, self._ehash, m[0], m[1], es,
+                            ks)
+    m[2] += change
 
 
 def _handle_del(self, col, es):

@@ -258,7 +258,7 @@ def apply_wire(self, worker, payload, *, seq=None, strict=None, medium=None, gro
             return WireApplied(applied, b.ev.shape[0] - applied, b.ts, b.rank, True)
         new = worker not in self._cols
         col = self._column(worker, True)
-        if self._none_hash is not None or self._max_bytes is not None:
+        if self._none_hash is not None or not _fits(self, b, prep[2]):
             seeds, extras, wanted, names, extra = prep
             parsed = [self._event_at(b, r, names, extra)
                       for r in np.flatnonzero(wanted).tolist()]
@@ -274,34 +274,55 @@ def apply_wire(self, worker, payload, *, seq=None, strict=None, medium=None, gro
             self._register(worker, col)
         if seq is not None:
             self._seq[worker] = seq
+        self._fit()
     return WireApplied(applied, b.ev.shape[0] - applied, b.ts, b.rank, False)
+
+
+def _fits(self, b, wanted):
+    """Whether the kernel may apply this batch: unbounded, or its stored
+    pages within half the budget's nodes (room made for them at once,
+    forgetting others; a larger batch goes event by event)."""
+    if self._max_bytes is None:
+        return True
+    stored = (b.ev[:, W.E_KIND] == W.K_STORED) & (wanted == 1)
+    return 2 * int(b.ev[:, W.E_HN][stored].sum()) <= self._node_budget()
 
 
 def _run(self, col, b, prep, start, out):
     """``rx_apply_events`` from event ``start`` (room made for the pages
-    stored from there); the event it stopped at."""
+    stored from there; the handle map grown when an event needs it); the
+    event it stopped at."""
     seeds, extras, wanted = prep[0], prep[1], prep[2]
     ev = b.ev
     stored = (ev[start:, W.E_KIND] == W.K_STORED) & (wanted[start:] == 1)
-    pages = int(ev[start:, W.E_HN][stored].sum())
-    self._reserve(pages)
-    m = self._handle_room(col, pages)
+    self._reserve(int(ev[start:, W.E_HN][stored].sum()))
     w, bit = self._bit(col)
-    hcount = np.zeros(1, np.int64)
-    keys_out, parents_out, hasp_out, had_out, codes = out
-    k = hx.rx_apply_events(
-        self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta, w, bit,
-        m[0], m[1], self._seen_for(int(ev[:, W.E_HN].max(initial=0))), ev, b.hashes, b.tokens,
-        extras, seeds, self._page, start, wanted, keys_out, parents_out, hasp_out, had_out,
-        codes, hcount)
-    m[2] += int(hcount[0])
-    return k
+    keys_out, parents_out, hasp_out, ehs_out, had_out, codes = out
+    hn = int(ev[:, W.E_HN].max(initial=0))
+    seen = self._seen_for(hn)
+    pend = np.empty(hn, np.int64)
+    while True:
+        m = self._hmaps[col]
+        hcount = np.array([m[2], 0], np.int64)
+        k = hx.rx_apply_events(
+            self._table, self._keys, self._pkeys, self._flags, self._masks, self._meta,
+            self._etable, self._ehash, w, bit, m[0], m[1], seen, ev, b.hashes, b.tokens,
+            extras, seeds, self._page, start, wanted, keys_out, parents_out, hasp_out, ehs_out,
+            had_out, codes, hcount, self._stamps, pend)
+        m[2] = int(hcount[0])
+        if hcount[1] == 0:
+            return k
+        # event k - 1's entries the map had no room for: put, then on from event k
+        h0 = int(ev[k - 1, W.E_H0])
+        at = h0 + pend[:int(hcount[1])]
+        self._handle_put(col, b.hashes[at], keys_out[at])
+        start = k
 
 
 def _outputs(b):
     n = b.hashes.shape[0]
     return (np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int8),
-            np.zeros(n, np.int8), np.empty(n, np.int8))
+            np.empty(n, np.uint64), np.zeros(n, np.int8), np.empty(n, np.int8))
 
 
 def _wire_lenient(self, worker, col, new, b, prep, gap):
@@ -354,7 +375,7 @@ def _wire_strict(self, worker, col, new, b, prep):
 
 def undo_run(self, col, b, wanted, out, start, stop):
     """Undo the kernel's events ``start..stop-1`` (``_SEG``), last first."""
-    keys_out, parents_out, hasp_out, had_out, _ = out
+    keys_out, parents_out, hasp_out, ehs_out, had_out, _ = out
     w, bit = self._bit(col)
     ev = b.ev
     for e in range(stop - 1, start - 1, -1):
@@ -363,9 +384,10 @@ def undo_run(self, col, b, wanted, out, start, stop):
         h0, hn = int(ev[e, W.E_H0]), int(ev[e, W.E_HN])
         eh, ks = b.hashes[h0:h0 + hn], keys_out[h0:h0 + hn]
         if ev[e, W.E_KIND] == W.K_STORED:
-            self._handle_del(col, eh[eh != ks])
+            self._handle_del(col, eh)  # the kernel stored only pages new to the worker
             self._drop_held(w, bit, ks)
         else:
             had = had_out[h0:h0 + hn] == 1
-            self._add(w, bit, ks, parents_out[h0:h0 + hn], hasp_out[h0:h0 + hn])
+            self._add(w, bit, ks, parents_out[h0:h0 + hn], hasp_out[h0:h0 + hn],
+                      ehs_out[h0:h0 + hn])
             self._handle_put(col, eh[had], ks[had])

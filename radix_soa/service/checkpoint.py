@@ -28,7 +28,6 @@ positions, info)`` or raises ``CheckpointError`` saying what is wrong.
 """
 
 import base64
-import copy
 import json
 import os
 import time
@@ -56,10 +55,7 @@ def snapshot(index):
     arrays, not a write."""
     if not isinstance(index, RouterIndex):
         raise TypeError(f"index must be a RouterIndex; got {type(index).__name__}")
-    with index._lock:
-        state = index.__getstate__()
-        return {k: (v.copy() if isinstance(v, np.ndarray) else copy.deepcopy(v))
-                for k, v in state.items()}
+    return index.export_state()
 
 
 # ---------------------------------------------------------------- tagged JSON
@@ -229,38 +225,12 @@ def load(path):
 
 
 def _index_of(path, state):
-    """A ``RouterIndex`` from a decoded state, its fields checked (types,
-    the arrays' shapes against each other) before any kernel reads them."""
-    expect = {"_page": int, "_event_hash": str, "_strict": bool, "_cols": dict,
-              "_col_ids": list, "_order": list, "_status": dict, "_seq": dict,
-              "_words": int, "_keys": np.ndarray, "_pkeys": np.ndarray, "_flags": np.ndarray,
-              "_masks": np.ndarray, "_meta": np.ndarray, "_table": np.ndarray,
-              "_live": np.ndarray}
-    for k, t in expect.items():
-        if not isinstance(state.get(k), t):
-            _fail(path, f"the index state's {k} is missing or not a {t.__name__}")
-    if state["_event_hash"] not in _KINDS or state["_page"] < 1:
-        _fail(path, "the index state's page size or event hash is not valid")
-    n = state["_keys"].shape[0]
-    words = state["_words"]
-    if (state["_keys"].dtype != np.uint64 or state["_pkeys"].shape != (n,)
-            or state["_flags"].shape != (n,) or state["_masks"].shape != (n, words)
-            or state["_masks"].dtype != np.int64 or state["_live"].shape != (words,)
-            or state["_table"].dtype != np.int32 or state["_table"].shape[0] & (
-                state["_table"].shape[0] - 1)):
-        _fail(path, "the index state's arrays do not fit together")
+    """A ``RouterIndex`` from a decoded state (``RouterIndex.from_state``
+    checks its fields before any kernel reads them)."""
     try:
-        order = [worker_id(w) for w in state["_order"]]
-        if sorted(map(repr, order)) != sorted(repr(w) for w in state["_col_ids"]
-                                              if w is not None) or \
-                any(state["_cols"].get(w) is None or not 0 <= state["_cols"][w] < 64 * words
-                    for w in order):
-            raise ValueError("the workers and their columns disagree")
+        return RouterIndex.from_state(state)
     except (TypeError, ValueError) as exc:
-        _fail(path, f"the index state's workers are not valid ({exc})")
-    index = RouterIndex.__new__(RouterIndex)
-    index.__setstate__(state)
-    return index
+        _fail(path, str(exc))
 
 
 def fetch(url, path, *, timeout=60.0, max_bytes=8 << 30):
