@@ -271,3 +271,48 @@ def test_a_checkpoint_keeps_the_engine_hashes_and_refuses_arrays_that_do_not_fit
     state["_eh_on"] = False
     with pytest.raises(ValueError, match="do not fit"):
         rs.RouterIndex.from_state(state)
+
+
+def test_from_state_trusts_no_node_id_or_map_it_did_not_check():
+    pc = rs.PrefixCache(page_size=2, events=True, values=False)
+    for q in ([1, 2, 3, 4, 5, 6], [1, 2, 9, 9], [7, 7, 8, 8]):
+        pc.insert(q)
+    evs = pc.take_events()
+    ix = rs.RouterIndex(page_size=2, max_bytes=1 << 16)
+    for w in range(3):
+        ix.apply(w, engine_events(evs, 1000 + w))
+    ix.apply(0, engine_events([rs.BlockRemoved([evs[-1].block_hashes[-1]])], 1000))
+    qs = [[1, 2, 3, 4, 5, 6], [1, 2, 9, 9], [7, 7, 8, 8]]
+    want = [ix.overlap(q).tolist() for q in qs]
+    # the free list and the tables are rebuilt, not read: junk in them is harmless
+    state = ix.export_state()
+    state["_table"][:] = 1 << 30
+    state["_etable"][:] = -7
+    state["_meta"][1:] = [1 << 40, 99, 5]  # the free list's head, the live count
+    state["_keys"][state["_flags"] < 0] = 1 << 62
+    back = rs.RouterIndex.from_state(state)
+    assert [back.overlap(q).tolist() for q in qs] == want
+    back.apply(1, engine_events([rs.BlockStored([5, 6], None, [11, 11, 12, 12], 2)], 3))
+    assert back.overlap([11, 11, 12, 12]).tolist() == [0, 4, 0]
+    assert back.memory_report()["pages"] == ix.memory_report()["pages"] + 2
+
+    def refused(change, match):
+        state = ix.export_state()
+        change(state)
+        with pytest.raises(ValueError, match=match):
+            rs.RouterIndex.from_state(state)
+
+    n = ix.export_state()["_keys"].shape[0]
+    refused(lambda s: s["_meta"].__setitem__(0, n + 1), "high-water mark")
+    refused(lambda s: s["_flags"].__setitem__(0, 5), "node flags")
+    refused(lambda s: s["_flags"].__setitem__(slice(None), 0), "node flags|too small")
+    refused(lambda s: s.__setitem__("_stamps", s["_stamps"][:-1]), "stamps")
+    refused(lambda s: s.__setitem__("_forgot", s["_forgot"][:3]), "per-worker counts")
+    refused(lambda s: s["_hmaps"].pop(1), "handle maps")
+
+    def full_map(s):  # a map with no empty slot: a probe for a hash it lacks never ends
+        hk, hv, _ = s["_hmaps"][1]
+        hk[:] = np.arange(1, hk.shape[0] + 1, dtype=np.uint64)
+        s["_hmaps"][1] = [hk, hv, hk.shape[0]]
+    refused(full_map, "handle map of column 1")
+    refused(lambda s: s["_hmaps"][1].__setitem__(2, 10 ** 6), "handle map of column 1")

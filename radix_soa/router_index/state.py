@@ -8,6 +8,7 @@ import copy
 
 import numpy as np
 
+from .._kernels import router as router_kernels
 from .workers import worker_id
 
 _KINDS = ("fast64", "sha256_cbor")
@@ -72,6 +73,69 @@ def _check(state):
             raise ValueError("the workers and their columns disagree")
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the index state's workers are not valid ({exc})") from None
+    _check_contents(state)
+
+
+def _check_contents(state):
+    """The values the kernels index by, checked (a node id past the arrays,
+    a full map a probe would loop in): the high-water mark, the flags, the
+    bookkeeping words, the stamps and the handle maps. The free list and
+    the tables are not trusted at all: ``from_state`` rebuilds them."""
+    keys, flags, meta = state["_keys"], state["_flags"], state["_meta"]
+    n, words = keys.shape[0], state["_words"]
+    if meta.dtype != np.int64 or meta.shape != (router_kernels.X_SIZE,):
+        raise ValueError("the index state's meta is not an index's")
+    end = int(meta[router_kernels.X_END])
+    if not 0 <= end <= n or ((flags != -1) & (flags != 0) & (flags != 1)).any() \
+            or (flags[end:] != -1).any():
+        raise ValueError("the index state's node flags or high-water mark are not valid")
+    live = int(np.count_nonzero(flags >= 0))
+    if 4 * live > 3 * state["_table"].shape[0]:
+        raise ValueError("the index state's table is too small for its nodes")
+    forgot = state.get("_forgot")
+    if not isinstance(forgot, np.ndarray) or forgot.dtype != np.int64 \
+            or forgot.shape != (64 * words,) or state["_live"].dtype != np.int64:
+        raise ValueError("the index state's per-worker counts do not fit its workers")
+    stamps = state.get("_stamps")
+    budget = state.get("_max_bytes")
+    if not isinstance(stamps, np.ndarray) or stamps.dtype != np.int64 or \
+            stamps.shape != ((0,) if budget is None else (n + 1,)):
+        raise ValueError("the index state's stamps do not fit its nodes and budget")
+    maps = state.get("_hmaps")
+    cols = set(state["_cols"].values())
+    if not isinstance(maps, dict) or not cols <= set(maps) or \
+            any(not isinstance(c, int) or not 0 <= c < 64 * words for c in maps):
+        raise ValueError("the index state's handle maps do not fit its columns")
+    for c, m in maps.items():
+        ok = isinstance(m, list) and len(m) == 3 and all(
+            isinstance(a, np.ndarray) and a.dtype == np.uint64 and a.ndim == 1 for a in m[:2])
+        if ok:
+            hk, hv, count = m
+            size = hk.shape[0]
+            used = int(np.count_nonzero(hk))
+            ok = (hv.shape == hk.shape and (size == 0 or size >= 8 and not size & (size - 1))
+                  and isinstance(count, int) and count == used and 4 * used <= 3 * size)
+        if not ok:
+            raise ValueError(f"the index state's handle map of column {c} is not valid")
+
+
+def _rebuild(index):
+    """The derived parts of a checked state made afresh: the free list
+    (through the free nodes' keys), the live count, both tables, the
+    budget's cache and the result columns."""
+    meta, flags, keys = index._meta, index._flags, index._keys
+    end = int(meta[router_kernels.X_END])
+    free = np.flatnonzero(flags[:end] < 0)
+    if free.shape[0]:
+        keys[free[:-1]] = free[1:].astype(np.uint64)
+        keys[free[-1]] = np.uint64(0xFFFFFFFFFFFFFFFF)  # -1: the end of the list
+    meta[router_kernels.X_FREE] = int(free[0]) if free.shape[0] else -1
+    meta[router_kernels.X_LIVE] = end - free.shape[0]
+    index._table[:] = -1
+    index._etable[:] = -1
+    router_kernels.rx_table_rebuild(index._table, keys, flags, end, index._etable, index._ehash)
+    index._budget_words, index._budget_nodes = None, 0
+    index._columns_changed()
 
 
 @classmethod
@@ -89,4 +153,5 @@ def from_state(cls, state):
     _check(state)
     index = cls.__new__(cls)
     index.__setstate__(dict(state))
+    _rebuild(index)
     return index
