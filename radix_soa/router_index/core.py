@@ -197,7 +197,7 @@ class RouterIndex(ReadersWriter):
 
     # ------------------------------------------------------------ state (state.py)
     export_state = state.export_state
-    from_state = state.from_state
+    from_state = classmethod(state.from_state)
 
     # ------------------------------------------------------------ storage (storage.py)
     _alloc = storage._alloc

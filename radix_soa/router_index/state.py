@@ -1,7 +1,8 @@
 """``RouterIndex``'s state as plain values and NumPy arrays, out and back
 in (``export_state`` / ``RouterIndex.from_state``): what the router's
 checkpoint saves, so a change of the index's storage stays in this
-package. Bound as methods by ``core.RouterIndex``.
+package. Bound as methods by ``core.RouterIndex`` (``from_state`` as a
+classmethod).
 """
 
 import copy
@@ -138,7 +139,6 @@ def _rebuild(index):
     index._columns_changed()
 
 
-@classmethod
 def from_state(cls, state):
     """The index whose state ``export_state`` gave, its fields checked
     first (``ValueError`` / ``TypeError`` saying what does not fit); the
