@@ -316,3 +316,77 @@ def test_from_state_trusts_no_node_id_or_map_it_did_not_check():
         s["_hmaps"][1] = [hk, hv, hk.shape[0]]
     refused(full_map, "handle map of column 1")
     refused(lambda s: s["_hmaps"][1].__setitem__(2, 10 ** 6), "handle map of column 1")
+
+
+def test_a_strict_apply_wire_interrupted_while_its_handle_map_grows_changes_nothing(monkeypatch):
+    from radix_soa import router_index as RI
+    pc = rs.PrefixCache(page_size=2, events=True, values=False)
+    pc.insert([1, 2, 3, 4])
+    evs0 = pc.take_events()
+    pc.insert([5, 6, 7, 8])
+    evs1 = pc.take_events()
+    other = rs.PrefixCache(page_size=2, events=True, values=False)
+    other.insert([9, 9])
+    ix = rs.RouterIndex(page_size=2)
+    ix.apply(0, engine_events(evs0, 1000))
+    ix.apply(1, engine_events(other.take_events(), 2000))
+
+    def state():
+        return ({w: ix.blocks_of(w) for w in ix.workers}, len(ix), entries(ix),
+                [ix.overlap(q).tolist() for q in ([1, 2, 3, 4], [5, 6, 7, 8], [9, 9])])
+    before = state()
+    for fault in (MemoryError, KeyboardInterrupt):
+        def grow(self, *args, fault=fault):  # the kernel has applied events; the map must grow
+            raise fault
+        monkeypatch.setattr(RI.RouterIndex, "_handle_put", grow)
+        with pytest.raises(fault):
+            ix.apply_wire(1, encode_batch(engine_events(evs0 + evs1, 2000)), strict=True)
+        assert state() == before
+    monkeypatch.undo()
+    ix.apply_wire(1, encode_batch(engine_events(evs0 + evs1, 2000)), strict=True)
+    assert ix.overlap([1, 2, 3, 4]).tolist() == [4, 4]
+
+
+def test_a_run_past_the_budget_keeps_no_handle_for_the_pages_it_did_not_store():
+    from radix_soa.baselines.router_reference import chain
+    for budget, n in ((8192, 400), (1 << 16, 1600)):
+        ix = rs.RouterIndex(page_size=1, max_bytes=budget, strict=False)
+        toks = list(range(1, n + 1))
+        ix.apply(0, engine_events([rs.BlockStored(chain(toks, 1), None, toks, 1)], 1000))
+        rep = ix.memory_report()
+        held = len(ix.blocks_of(0))
+        assert 0 < held == rep["pages"] < n and rep["bytes"] <= budget
+        assert entries(ix)[0] <= held  # an entry only for a page it holds
+        assert ix.overlap(toks).tolist() == [held]
+        back = rs.RouterIndex.from_state(ix.export_state())
+        assert back.overlap(toks).tolist() == [held]
+
+
+def test_a_refused_strict_batch_leaves_the_engine_hash_arrays_as_they_were():
+    from radix_soa.baselines.router_reference import chain
+    toks = list(range(1, 400))
+    ix = rs.RouterIndex(page_size=1)
+    ix.apply("own", [rs.BlockStored(chain(toks, 1), None, toks, 1)])  # own hashes: none kept
+    before = ix.memory_report()["arrays"]
+    bad = engine_events([rs.BlockStored(chain([9], 1), None, [9], 1)], 7) + [rs.BlockRemoved([42])]
+    with pytest.raises(rs.EventError):
+        ix.apply("eng", bad, strict=True)
+    after = ix.memory_report()["arrays"]
+    assert before["ehash"] == before["etable"] == after["ehash"] == after["etable"] == 0
+    assert ix.workers == ["own"] and len(ix) == 399 and ix.overlap(toks).tolist() == [399]
+    ix.apply("eng", bad[:1], strict=True)  # once a call succeeds, the pages keep engine hashes
+    assert ix.memory_report()["arrays"]["ehash"] > 0 and ix.overlap([9]).tolist() == [0, 1]
+
+
+def test_apply_wire_keeps_engine_hashes_per_page_once_a_worker_needed_entries():
+    pcs = [rs.PrefixCache(page_size=2, events=True, values=False) for _ in range(2)]
+    ix = rs.RouterIndex(page_size=2)
+    for w, pc in enumerate(pcs):  # two engines sharing a seed, through apply_wire
+        pc.insert([1, 2, 3, 4])
+        ix.apply_wire(w, encode_batch(engine_events(pc.take_events(), 7)))
+    first = entries(ix)
+    assert ix.memory_report()["arrays"]["ehash"] > 0
+    for w, pc in enumerate(pcs):  # pages new since: one engine hash each, no entry
+        pc.insert([5, 6, 7, 8, 9, 9])
+        ix.apply_wire(w, encode_batch(engine_events(pc.take_events(), 7)))
+    assert entries(ix) == first and ix.overlap([5, 6, 7, 8, 9, 9]).tolist() == [6, 6]

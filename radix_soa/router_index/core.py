@@ -219,6 +219,7 @@ class RouterIndex(ReadersWriter):
     _handle_del = storage._handle_del
     _handle_note = storage._handle_note
     _ehash_on = storage._ehash_on
+    _ehash_off = storage._ehash_off
     _slot_bytes = storage._slot_bytes
     _memory_bytes = storage._memory_bytes
     _fit = storage._fit

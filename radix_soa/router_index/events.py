@@ -19,6 +19,7 @@ _NO_EXTRAS = np.zeros(0, np.uint64)
 MASK64 = (1 << 64) - 1
 # the kinds of a strict call's undo steps: pages, the budget's count, the handle maps
 _ADD, _DROP, _FORGOT, _HMAP, _HDEL, _HPUT = 0, 1, 2, 3, 4, 5
+_EHOFF = 7  # undo: nodes no longer keep engine hashes (apply_wire's _SEG is 6)
 
 
 def _parse(self, events):
@@ -118,6 +119,14 @@ def _apply_strict(self, worker, col, new, parsed, first=0):
         if new:
             self._col_ids[col] = None
         raise
+
+
+def _engine_hashes_on(self, col):
+    """Nodes keep their first holder's engine hash from now on if worker
+    column ``col`` needed entries (its hashes are not the pages' keys):
+    after an ``apply_wire``, whose kernel keeps entries until then."""
+    if not self._eh_on and self._hmaps[col][2]:
+        self._ehash_on()
 
 
 def _apply_lenient(self, worker, col, new, parsed, gap):
@@ -233,21 +242,29 @@ def _apply_one(self, i, col, worker, e, undo):
         parent = self._seed(e.namespace)
     keys = np.empty(n, np.uint64)
     hx.token_keys(self._tokens_of(e), 0, self._page, parent, self._extras(e), keys)
-    if not self._eh_on and not np.array_equal(handles, keys):
+    own = not self._eh_on and np.array_equal(handles, keys)  # every hash its page's key
+    if not self._eh_on and not own:
         self._ehash_on()
-    problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent, handles)
-    if not (self._eh_on or self._hmaps[col][2]):
-        return problem  # every hash is its key: no entries, none to drop
+        if undo is not None:
+            undo.append((_EHOFF,))
+    cut = []
+    problem = self._apply_keys(i, col, worker, e, undo, keys, parent, has_parent, handles, cut)
+    if own and not self._hmaps[col][2]:
+        return problem  # no entries, none to drop
     if undo is not None:  # (pages new to the worker: it had no entry of these hashes,
         undo.append((_HDEL, col, handles))  # but for one engine naming two pages alike)
+    if cut:  # no entries for the pages past the budget, never stored
+        kept = ~np.isin(keys, cut[0])
+        handles, keys = handles[kept], keys[kept]
     self._handle_note(col, handles, keys)
     return problem
 
 
-def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent, ehs):
+def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent, ehs, cut=None):
     """``_apply_one`` of a stored run or removal whose pages' keys are
     ``hashes`` (a stored run's after the page of key ``parent``), named by
-    the worker ``ehs``."""
+    the worker ``ehs``; the keys of a run's tail past the budget, not
+    stored, appended to ``cut`` (a list) if given."""
     w, bit = self._bit(col)
     n = hashes.shape[0]
     codes = np.empty(n, np.int8)
@@ -329,6 +346,8 @@ def _apply_keys(self, i, col, worker, e, undo, hashes, parent, has_parent, ehs):
     if cap is not None and hashes.shape[0] > cap:  # a run past the budget: its tail forgotten
         self._forgot[col] += hashes.shape[0] - cap
         self._forgotten += hashes.shape[0] - cap
+        if cut is not None:
+            cut.append(hashes[cap:])
         hashes, parents, hasp, ehs = hashes[:cap], parents[:cap], hasp[:cap], ehs[:cap]
     self._add(w, bit, hashes, parents, hasp, ehs)
     if undo is not None:
@@ -392,6 +411,8 @@ def _undo(self, steps):
             self._handle_del(step[1], step[2])
         elif kind == _HPUT:
             self._handle_put(step[1], step[2], step[3])
+        elif kind == _EHOFF:
+            self._ehash_off()
         else:  # a run of events apply_wire's kernel applied
             self._undo_run(*step[1:])
 

@@ -79,6 +79,17 @@ def _ehash_on(self):
         self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
 
 
+def _ehash_off(self):
+    """Undo ``_ehash_on`` (a strict call refused): the nodes' engine hashes
+    and their table dropped (any page the budget forgot to make room for
+    them stays forgotten, as for any page a refused call made room for)."""
+    if not self._eh_on:
+        return
+    self._eh_on = False
+    self._budget_words = None
+    self._alloc(self._keys.shape[0], self._table.shape[0], self._arrays())
+
+
 def _arrays(self):
     return {"keys": self._keys, "pkeys": self._pkeys, "flags": self._flags,
             "masks": self._masks, "stamps": self._stamps, "meta": self._meta,

@@ -13,7 +13,7 @@ from .._events.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, Ev
 from .._input.validate import check_int
 from .._kernels import router_keys as hx
 from .._kernels import wire as W
-from .events import _interrupted, _settle
+from .events import _engine_hashes_on, _interrupted, _settle
 from .workers import worker_id
 
 _BOOL = (bool, np.bool_)
@@ -288,10 +288,11 @@ def _fits(self, b, wanted):
     return 2 * int(b.ev[:, W.E_HN][stored].sum()) <= self._node_budget()
 
 
-def _run(self, col, b, prep, start, out):
+def _run(self, col, b, prep, start, out, reached=None):
     """``rx_apply_events`` from event ``start`` (room made for the pages
     stored from there; the handle map grown when an event needs it); the
-    event it stopped at."""
+    event it stopped at. ``reached[0]``: the events applied so far (below
+    it), kept up to date for a caller that must undo them on a fault."""
     seeds, extras, wanted = prep[0], prep[1], prep[2]
     ev = b.ev
     stored = (ev[start:, W.E_KIND] == W.K_STORED) & (wanted[start:] == 1)
@@ -309,6 +310,8 @@ def _run(self, col, b, prep, start, out):
             self._etable, self._ehash, w, bit, m[0], m[1], seen, ev, b.hashes, b.tokens,
             extras, seeds, self._page, start, wanted, keys_out, parents_out, hasp_out, ehs_out,
             had_out, codes, hcount, self._stamps, pend)
+        if reached is not None:
+            reached[0] = k
         m[2] = int(hcount[0])
         if hcount[1] == 0:
             return k
@@ -349,6 +352,7 @@ def _wire_lenient(self, worker, col, new, b, prep, gap):
         _interrupted(self, worker, col, new, n)
         raise
     _settle(self, worker, problem)
+    _engine_hashes_on(self, col)
 
 
 def _wire_strict(self, worker, col, new, b, prep):
@@ -360,8 +364,11 @@ def _wire_strict(self, worker, col, new, b, prep):
     k = 0
     try:
         while True:
-            j = self._wire_run(col, b, prep, k, out)
-            undo.append((_SEG, col, b, prep[2], out, k, j))
+            reached = [k]
+            try:  # (a fault while the handle map grows: the kernel's events undone too)
+                j = self._wire_run(col, b, prep, k, out, reached)
+            finally:
+                undo.append((_SEG, col, b, prep[2], out, k, reached[0]))
             if j >= n:
                 break
             self._apply_one(j, col, worker, self._event_at(b, j, prep[3], prep[4]), undo)
@@ -371,6 +378,7 @@ def _wire_strict(self, worker, col, new, b, prep):
         if new:
             self._col_ids[col] = None
         raise
+    _engine_hashes_on(self, col)
 
 
 def undo_run(self, col, b, wanted, out, start, stop):
