@@ -1168,9 +1168,11 @@ def section_router_dynamo(repeat):
 def _engine_hashed(streams, seeds):
     """``streams`` (a ``PrefixCache``'s own events per worker) with every
     block hash replaced by an engine-like one: a keyed 64-bit hash of the
-    chained key, keyed by ``seeds[w]`` (one seed for every engine: vLLM's
-    ``sha256_cbor`` or ``PYTHONHASHSEED`` set; a seed each: vLLM's default
-    random ``NONE_HASH``), so engine hash != the index's key."""
+    chained key, keyed by ``seeds[w]`` (one seed for every engine: vLLM
+    0.34.0's ``sha256`` (its default) and ``sha256_cbor``, or
+    ``PYTHONHASHSEED`` set; a seed each: its ``xxhash``/``xxhash_cbor``
+    without ``PYTHONHASHSEED``, a random ``NONE_HASH`` per process), so
+    engine hash != the index's key."""
     import xxhash
 
     def eh(h, seed):
