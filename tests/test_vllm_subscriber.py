@@ -905,6 +905,14 @@ def test_vllms_own_publisher_replayed_from_0_at_start(tmp_path):
     try:
         for b in batches[:10]:   # before the subscriber: missed, there to replay
             vpub.publish(kv.KVEventBatch(ts=1.0, events=[convert(e) for e in b]))
+        # vLLM's publisher sends from a thread of its own: the ten must be sent
+        # (into no subscriber) before ours connects, or some arrive live
+        deadline = time.monotonic() + 30
+        while len(getattr(vpub, "_buffer", ())) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            if not hasattr(vpub, "_buffer"):  # another vLLM: its buffer named otherwise
+                time.sleep(2)
+                break
         ep = Endpoint(pub_at, replay_at, "kv")
         with KVEventSubscriber(ix, {"w": ep}, **SLOW) as sub:
             sent = 10
