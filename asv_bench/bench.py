@@ -1041,6 +1041,22 @@ def _mooncake_workload(path, workers):
     return caches, [np.asarray(tr[i]) for i in range(cut, n)]
 
 
+def _router_dynamo_workloads():
+    """``(title, page, build)`` of the router_dynamo workloads, 16 workers:
+    the synthetic one (seeded), and each Mooncake trace found under
+    ``TRACES`` (one not found is said and skipped)."""
+    rng = np.random.default_rng(0)
+    workloads = [("synthetic, page 16", 16, lambda: _router_workload(16, 16, rng))]
+    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):
+        path = os.path.join(TRACES, name)
+        if os.path.exists(path):
+            workloads.append((f"Mooncake {name.split('_')[0]}, block ids", 1,
+                              lambda path=path: _mooncake_workload(path, 16)))
+        else:
+            print(f"  (Mooncake {name} not found under {TRACES}: skipped)")
+    return workloads
+
+
 def _warm_router():
     """Compile (or load) RouterIndex's kernels: stored and removed events,
     strict and not, overlap and overlap_batch, with and without a budget."""
@@ -1075,15 +1091,7 @@ def section_router_dynamo(repeat):
         return
     os.environ.setdefault("RUST_LOG", "error")
     _warm_router()
-    rng = np.random.default_rng(0)
-    workloads = [("synthetic, page 16", 16, lambda: _router_workload(16, 16, rng))]
-    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):
-        path = os.path.join(TRACES, name)
-        if os.path.exists(path):
-            workloads.append((f"Mooncake {name.split('_')[0]}, block ids", 1,
-                              lambda path=path: _mooncake_workload(path, 16)))
-        else:
-            print(f"  (Mooncake {name} not found under {TRACES}: skipped)")
+    workloads = _router_dynamo_workloads()
     for title, page, build in workloads:
         progress(f"router_dynamo: {title}")
         caches, queries = build()
@@ -1205,17 +1213,9 @@ def section_router_memory(repeat):
     import dynamo_side as DS
 
     _warm_router()
-    rng = np.random.default_rng(0)
     print("\n[router_memory] bytes per cached (worker, page) pair, 16 workers, "
           "memory_report (handle maps included)")
-    workloads = [("synthetic, page 16", 16, lambda: _router_workload(16, 16, rng))]
-    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):
-        path = os.path.join(TRACES, name)
-        if os.path.exists(path):
-            workloads.append((f"Mooncake {name.split('_')[0]}, block ids", 1,
-                              lambda path=path: _mooncake_workload(path, 16)))
-        else:
-            print(f"  (Mooncake {name} not found under {TRACES}: skipped)")
+    workloads = _router_dynamo_workloads()
     have_dynamo = DS.available() is not None
     seed_rng = np.random.default_rng(1)
     for title, page, build in workloads:
